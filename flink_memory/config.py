@@ -1,0 +1,259 @@
+"""The one configuration model: defaults from conf/flink-memory.yaml, then environment, then --set.
+
+Precedence (last wins): model defaults < YAML file < `FLINK_MEMORY__SECTION__KEY` environment variables
+< `--set section.key=value`. Any invalid value stops the job at start with the key, the value and why.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from flink_memory.digests import digest
+
+ENV_PREFIX = "FLINK_MEMORY__"
+PACKAGE_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
+
+# Versions of the prompts; part of the fingerprints so a prompt change never reuses old plans or results.
+PLANNER_PROMPT_VERSION = "planner-v1"
+SUMMARY_PROMPT_VERSION = "summary-v1"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot run; the message names the key, the value and the reason."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LLMConfig(_Section):
+    provider: Literal["embedded", "openai"] = "embedded"
+    base_url: str | None = None
+    model: str = "SmolLM2-135M-Instruct"
+    api_key_env: str = "OPENAI_API_KEY"
+    context_window: int = Field(8192, ge=512)
+    max_output_tokens: int = Field(384, ge=16)
+    max_concurrency: int = Field(4, ge=1, le=256)
+    timeout_s: float = Field(120.0, gt=0)
+    max_retries: int = Field(3, ge=0, le=20)
+    retry_backoff_s: float = Field(2.0, gt=0)
+    retry_backoff_max_s: float = Field(300.0, gt=0)
+    temperature: float = Field(0.0, ge=0, le=2)
+    seed: int | None = 0
+    batch_api: bool = False
+    structured_output: bool = True
+    embedded_model_path: str | None = None
+    embedded_threads: int = Field(2, ge=1)
+    embedded_parallel: int = Field(4, ge=1)
+
+
+class BatchingConfig(_Section):
+    max_items: int = Field(50, ge=1)
+    max_tokens: int | None = Field(None, ge=64)
+    flush_after_s: float = Field(30.0, gt=0)
+
+
+class SummarizationConfig(_Section):
+    depth: Literal["hierarchical", "single"] = "hierarchical"
+    fan_in: int = Field(8, ge=2, le=64)
+    retention: Literal["all", "batch_and_global", "global_only"] = "all"
+    global_refresh_s: float = Field(30.0, ge=0)
+
+
+class ChunkingConfig(_Section):
+    max_chunk_tokens: int = Field(1024, ge=32)
+    semantic: bool = True
+    on_planner_failure: Literal["fixed_fallback", "raise"] = "fixed_fallback"
+    planner_window_tokens: int | None = Field(None, ge=256)
+
+
+class JournalConfig(_Section):
+    path: str | None = ".flink-memory/journal.sqlite"
+    max_entries: int = Field(1_000_000, ge=1)
+    max_age_days: float = Field(30.0, gt=0)
+
+
+class CheckpointingConfig(_Section):
+    interval_s: float = Field(10.0, ge=0)
+    dir: str | None = None
+    state_backend: Literal["hashmap", "rocksdb"] = "hashmap"
+    restart_attempts: int = Field(10, ge=0)
+    restart_backoff_s: float = Field(1.0, gt=0)
+
+
+class JobConfig(_Section):
+    parallelism: int = Field(1, ge=1)
+    execution_mode: Literal["process", "thread"] = "process"
+    bundle_size: int = Field(100, ge=1)
+    bundle_time_ms: int = Field(100, ge=1)
+    poll_interval_ms: int = Field(50, ge=5)
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    llm: LLMConfig = Field(default_factory=LLMConfig)
+    batching: BatchingConfig = Field(default_factory=BatchingConfig)
+    summarization: SummarizationConfig = Field(default_factory=SummarizationConfig)
+    chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
+    journal: JournalConfig = Field(default_factory=JournalConfig)
+    checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
+    job: JobConfig = Field(default_factory=JobConfig)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Config:
+        if self.llm.batch_api and self.chunking.semantic:
+            raise ValueError(
+                "llm.batch_api: true is refused while chunking.semantic is true: a provider batch API answers "
+                "hours later, so planning would stall every conversation; set chunking.semantic: false or "
+                "llm.batch_api: false"
+            )
+        if self.llm.provider == "openai" and not self.llm.base_url:
+            raise ValueError("llm.base_url is required when llm.provider is openai")
+        from flink_memory.tokens import Budget  # local import: tokens depends on nothing here
+
+        budget = Budget(self.llm.context_window, self.llm.max_output_tokens)
+        if budget.input_tokens < 4 * self.llm.max_output_tokens:
+            raise ValueError(
+                f"llm.context_window ({self.llm.context_window}) leaves {budget.input_tokens} prompt tokens after "
+                f"llm.max_output_tokens ({self.llm.max_output_tokens}) and the prompt frame; merges need room "
+                f"for at least 4 summaries: raise the window or lower max_output_tokens"
+            )
+        if self.chunking.max_chunk_tokens > budget.input_tokens:
+            raise ValueError(
+                f"chunking.max_chunk_tokens ({self.chunking.max_chunk_tokens}) is larger than one request's "
+                f"prompt budget ({budget.input_tokens})"
+            )
+        return self
+
+    # --- policies -------------------------------------------------------------------------------------
+
+    def chunking_policy(self) -> dict[str, Any]:
+        """Every setting that changes how a conversation is chunked."""
+        return {
+            "max_chunk_tokens": self.chunking.max_chunk_tokens,
+            "semantic": self.chunking.semantic,
+            "on_planner_failure": self.chunking.on_planner_failure,
+            "planner_window_tokens": self.chunking.planner_window_tokens,
+            "planner_prompt_version": PLANNER_PROMPT_VERSION,
+            "model": self.llm.model,
+            "context_window": self.llm.context_window,
+            "temperature": self.llm.temperature,
+            "seed": self.llm.seed,
+        }
+
+    def summarization_policy(self) -> dict[str, Any]:
+        """Every setting that changes which summaries are made and what they say."""
+        return {
+            "max_items": self.batching.max_items,
+            "batch_max_tokens": self.batching.max_tokens,
+            "depth": self.summarization.depth,
+            "fan_in": self.summarization.fan_in,
+            "summary_prompt_version": SUMMARY_PROMPT_VERSION,
+            "model": self.llm.model,
+            "context_window": self.llm.context_window,
+            "max_output_tokens": self.llm.max_output_tokens,
+            "temperature": self.llm.temperature,
+            "seed": self.llm.seed,
+        }
+
+    def chunking_fingerprint(self) -> str:
+        return digest(self.chunking_policy())
+
+    def summarization_fingerprint(self) -> str:
+        return digest(self.summarization_policy())
+
+
+def _parse_scalar(text: str) -> Any:
+    """`--set` and environment values are YAML scalars: 8 is an int, true a bool, null is None."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _set_path(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
+    parts = dotted.split(".")
+    if len(parts) != 2 or not all(parts):
+        raise ConfigError(f"{origin}: {dotted!r} is not a section.key name (e.g. llm.model)")
+    section, key = parts
+    if section not in Config.model_fields:
+        known = ", ".join(Config.model_fields)
+        raise ConfigError(f"{origin}: unknown section {section!r} in {dotted!r} (known: {known})")
+    fields = Config.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
+    if key not in fields:
+        raise ConfigError(f"{origin}: unknown key {dotted!r} (known in {section}: {', '.join(fields)})")
+    node = tree.setdefault(section, {})
+    if not isinstance(node, dict):
+        raise ConfigError(f"{origin}: section {section!r} must be a mapping")
+    node[key] = value
+
+
+def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
+    found = []
+    for name, raw in sorted(environ.items()):
+        if name.startswith(ENV_PREFIX):
+            dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
+            found.append((dotted, _parse_scalar(raw), f"environment {name}"))
+    return found
+
+
+def set_overrides(assignments: Iterable[str]) -> list[tuple[str, Any, str]]:
+    found = []
+    for item in assignments:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r}: expected section.key=value")
+        key, raw = item.split("=", 1)
+        found.append((key.strip(), _parse_scalar(raw), f"--set {item}"))
+    return found
+
+
+def _explain(error: ValidationError, tree: Mapping[str, Any]) -> str:
+    lines = []
+    for item in error.errors(include_url=False):
+        loc = [str(p) for p in item["loc"]]
+        key = ".".join(loc) or "config"
+        value: Any = tree
+        for part in loc:
+            value = value.get(part) if isinstance(value, Mapping) else None
+        shown = f" = {value!r}" if loc and value is not None else ""
+        lines.append(f"{key}{shown}: {item['msg']}")
+    return "invalid configuration: " + "; ".join(lines)
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Iterable[str] = (),
+    environ: Mapping[str, str] | None = None,
+) -> Config:
+    """Load the YAML file (the shipped defaults when None), then environment, then `--set` overrides."""
+    tree: dict[str, Any] = {}
+    file_path = Path(path) if path is not None else PACKAGE_CONF
+    if path is not None or file_path.exists():
+        try:
+            loaded = yaml.safe_load(file_path.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError as exc:
+            raise ConfigError(f"config file not found: {file_path}") from exc
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"config file {file_path} is not valid YAML: {exc}") from exc
+        if not isinstance(loaded, dict):
+            raise ConfigError(f"config file {file_path} must hold a mapping of sections")
+        for section, values in loaded.items():
+            if not isinstance(values, dict):
+                raise ConfigError(f"{file_path}: section {section!r} must be a mapping")
+            for key, value in values.items():
+                _set_path(tree, f"{section}.{key}", value, str(file_path))
+    for dotted, value, origin in env_overrides(os.environ if environ is None else environ):
+        _set_path(tree, dotted, value, origin)
+    for dotted, value, origin in set_overrides(overrides):
+        _set_path(tree, dotted, value, origin)
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        raise ConfigError(_explain(exc, tree)) from None

@@ -1,0 +1,166 @@
+"""A scriptable OpenAI-compatible chat server over real HTTP (stdlib only), for tests and benchmarks.
+
+A script is a function from the parsed request body to a `Reply`; it may also fault: a status code (429,
+500, ...), a delay, a hang, a dropped connection or a malformed body. Every request is recorded.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from flink_memory.tokens import estimate_messages, estimate_tokens
+
+
+@dataclass
+class Reply:
+    text: str = "ok"
+    status: int = 200
+    delay_s: float = 0.0
+    fault: str | None = None  # None | "hang" | "close" | "malformed"
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+Script = Callable[[dict[str, Any]], Reply]
+
+_FACT = re.compile(r"\b(?:[A-Z][a-z]+(?:-[A-Z][a-z]+)?|\d[\d.,:/-]*\d|\d)\b")
+
+
+def fact_keeping_summary(body: dict[str, Any]) -> str:
+    """A deterministic stand-in for a summarizer: keeps capitalized names and numbers, within max_tokens."""
+    user = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
+    budget = int(body.get("max_tokens") or 256) - 4
+    words: list[str] = []
+    seen: set[str] = set()
+    used = 0
+    for match in _FACT.findall(user):
+        if match in seen:
+            continue
+        cost = estimate_tokens(match) + 1
+        if used + cost > budget:
+            break
+        seen.add(match)
+        words.append(match)
+        used += cost
+    return "Summary: " + " ".join(words) if words else "Summary: (nothing notable)"
+
+
+def default_script(body: dict[str, Any]) -> Reply:
+    return Reply(text=fact_keeping_summary(body))
+
+
+class ScriptedServer:
+    """Starts on 127.0.0.1 with a free port; use as a context manager."""
+
+    def __init__(self, script: Script | None = None, latency_s: float = 0.0) -> None:
+        self.script: Script = script or default_script
+        self.latency_s = latency_s
+        self.requests: list[dict[str, Any]] = []
+        self.authorizations: list[str | None] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+        self._lock = threading.Lock()
+        self._release_hangs = threading.Event()
+        server = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, *_args: Any) -> None:
+                pass
+
+            def do_POST(self) -> None:  # noqa: N802 (http.server naming)
+                length = int(self.headers.get("Content-Length") or 0)
+                body = json.loads(self.rfile.read(length) or b"{}")
+                with server._lock:
+                    server.requests.append(body)
+                    server.authorizations.append(self.headers.get("Authorization"))
+                    server.in_flight += 1
+                    server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                try:
+                    self._answer(body)
+                finally:
+                    with server._lock:
+                        server.in_flight -= 1
+
+            def _answer(self, body: dict[str, Any]) -> None:
+                reply = server.script(body)
+                delay = server.latency_s + reply.delay_s
+                if delay:
+                    time.sleep(delay)
+                if reply.fault == "hang":
+                    server._release_hangs.wait(timeout=600)
+                    return
+                if reply.fault == "close":
+                    self.connection.shutdown(socket.SHUT_RDWR)
+                    self.close_connection = True
+                    return
+                if reply.status != 200:
+                    payload = json.dumps({"error": {"message": f"scripted {reply.status}", "type": "scripted"}})
+                elif reply.fault == "malformed":
+                    payload = '{"choices": [ {"message": '
+                else:
+                    messages = body.get("messages", [])
+                    payload = json.dumps(
+                        {
+                            "id": f"chatcmpl-{len(server.requests)}",
+                            "object": "chat.completion",
+                            "created": 0,
+                            "model": body.get("model", "scripted"),
+                            "choices": [
+                                {
+                                    "index": 0,
+                                    "message": {"role": "assistant", "content": reply.text},
+                                    "finish_reason": "stop",
+                                }
+                            ],
+                            "usage": {
+                                "prompt_tokens": estimate_messages(messages),
+                                "completion_tokens": estimate_tokens(reply.text),
+                                "total_tokens": estimate_messages(messages) + estimate_tokens(reply.text),
+                            },
+                        }
+                    )
+                data = payload.encode("utf-8")
+                self.send_response(reply.status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in reply.headers.items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def base_url(self) -> str:
+        host, port = self._httpd.server_address[:2]
+        return f"http://{host}:{port}/v1"
+
+    def start(self) -> ScriptedServer:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._release_hangs.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+
+    def __enter__(self) -> ScriptedServer:
+        return self.start()
+
+    def __exit__(self, *_exc: Any) -> None:
+        self.stop()
+
+    def count(self) -> int:
+        with self._lock:
+            return len(self.requests)

@@ -1,0 +1,133 @@
+import threading
+import time
+
+import pytest
+from scripted_server import Reply, ScriptedServer
+
+from flink_memory.config import load_config
+from flink_memory.llm.client import ChatRequest, LLMCallError, LLMClient
+from flink_memory.tokens import RequestTooLarge
+
+
+def make_client(server, *overrides, journal=None, api_key=None):
+    cfg = load_config(None, ["llm.provider=openai", f"llm.base_url={server.base_url}", *overrides], environ={})
+    return LLMClient(cfg.llm, cfg.llm.base_url, journal=journal, api_key=api_key)
+
+
+def ask(client, text="hello"):
+    return client.complete(client.request([{"role": "user", "content": text}], prompt_version="t1"))
+
+
+def test_answer_and_usage(scripted):
+    client = make_client(scripted)
+    result = ask(client, "Alice met Bob in 2024")
+    assert result.text == "Summary: Alice Bob 2024"
+    stats = client.stats.snapshot()
+    assert stats["calls"] == 1 and stats["failures"] == 0 and stats["retries"] == 0
+    assert stats["prompt_tokens"] == result.prompt_tokens > 0
+    assert scripted.requests[0]["max_tokens"] == 384
+    assert scripted.requests[0]["seed"] == 0
+
+
+def test_request_digest_is_canonical():
+    a = ChatRequest.build(model="m", prompt_version="p", messages=[{"role": "user", "content": "x"}], max_tokens=5)
+    b = ChatRequest.build(model="m", prompt_version="p", messages=[{"role": "user", "content": "x"}], max_tokens=5)
+    c = ChatRequest.build(model="m", prompt_version="p2", messages=[{"role": "user", "content": "x"}], max_tokens=5)
+    assert a.digest == b.digest != c.digest
+    assert len(a.digest) == 32
+
+
+def flaky(failures, status=None, fault=None):
+    state = {"n": 0}
+
+    def script(body):
+        state["n"] += 1
+        if state["n"] <= failures:
+            return Reply(status=status or 200, fault=fault, headers={"retry-after-ms": "10"})
+        return Reply(text="fine")
+
+    return script
+
+
+@pytest.mark.parametrize(("status", "fault"), [(429, None), (500, None), (503, None), (200, "close")])
+def test_retries_on_transient_errors(status, fault):
+    with ScriptedServer(flaky(2, status, fault)) as server:
+        client = make_client(server, "llm.max_retries=3")
+        assert ask(client).text == "fine"
+        assert server.count() == 3
+        assert client.stats.snapshot()["retries"] == 2
+
+
+def test_exhausted_retries_raise_call_error():
+    with ScriptedServer(flaky(100, 500)) as server:
+        client = make_client(server, "llm.max_retries=1")
+        with pytest.raises(LLMCallError, match="InternalServerError"):
+            ask(client)
+        assert server.count() == 2
+        assert client.stats.snapshot()["failures"] == 1
+
+
+def test_malformed_json_is_a_call_error():
+    with ScriptedServer(lambda body: Reply(fault="malformed")) as server:
+        client = make_client(server, "llm.max_retries=0")
+        with pytest.raises(LLMCallError):
+            ask(client)
+
+
+def test_client_errors_are_not_retried():
+    with ScriptedServer(flaky(100, 400)) as server:
+        client = make_client(server, "llm.max_retries=3")
+        with pytest.raises(LLMCallError, match="BadRequest"):
+            ask(client)
+        assert server.count() == 1
+
+
+def test_timeout_on_a_hang():
+    with ScriptedServer(flaky(1, fault="hang")) as server:
+        client = make_client(server, "llm.timeout_s=0.5", "llm.max_retries=1")
+        started = time.monotonic()
+        assert ask(client).text == "fine"
+        assert time.monotonic() - started < 10
+        assert server.count() == 2
+
+
+def test_concurrency_limit():
+    with ScriptedServer(lambda body: Reply(text="x", delay_s=0.2)) as server:
+        client = make_client(server, "llm.max_concurrency=3")
+        threads = [threading.Thread(target=ask, args=(client, f"q{i}")) for i in range(9)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert server.max_in_flight == 3
+        assert client.stats.snapshot()["calls"] == 9
+
+
+def test_context_window_is_enforced_before_sending(scripted):
+    client = make_client(scripted, "llm.context_window=2048", "llm.max_output_tokens=256")
+    with pytest.raises(RequestTooLarge):
+        ask(client, "word " * 3000)
+    assert scripted.count() == 0
+
+
+def test_key_is_sent_but_never_shown(scripted, monkeypatch):
+    monkeypatch.setenv("MY_KEY", "sk-secret-123456")
+    client = make_client(scripted, "llm.api_key_env=MY_KEY")
+    assert "sk-secret" not in repr(client)
+    assert "sk-secret" not in str(client.config.model_dump())
+    ask(client)
+    assert scripted.authorizations == ["Bearer sk-secret-123456"]
+
+
+def test_provider_errors_are_redacted():
+    from flink_memory.llm.client import _safe_message
+
+    assert "sk-abc" not in _safe_message(ValueError("bad key sk-abc123 given, Bearer sk-abc123"))
+
+
+def test_structured_output_sends_json_schema(scripted):
+    client = make_client(scripted)
+    schema = {"type": "object", "properties": {"ends": {"type": "array"}}, "required": ["ends"]}
+    client.complete(client.request([{"role": "user", "content": "x"}], prompt_version="p", json_schema=schema))
+    sent = scripted.requests[0]["response_format"]
+    assert sent["type"] == "json_schema" and sent["json_schema"]["schema"] == schema

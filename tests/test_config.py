@@ -1,0 +1,78 @@
+import pytest
+import yaml
+
+from flink_memory.config import PACKAGE_CONF, Config, ConfigError, load_config
+
+
+def test_shipped_yaml_matches_model_defaults_and_lists_every_key():
+    shipped = yaml.safe_load(PACKAGE_CONF.read_text())
+    defaults = Config().model_dump()
+    assert set(shipped) == set(defaults)
+    for section, values in defaults.items():
+        assert shipped[section] == values, section
+
+
+def test_precedence_file_env_set(tmp_path):
+    conf = tmp_path / "c.yaml"
+    conf.write_text("batching:\n  max_items: 10\nllm:\n  model: from-file\n")
+    env = {"FLINK_MEMORY__BATCHING__MAX_ITEMS": "20", "FLINK_MEMORY__LLM__TEMPERATURE": "0.5"}
+    cfg = load_config(conf, ["batching.max_items=30"], environ=env)
+    assert cfg.batching.max_items == 30
+    assert cfg.llm.temperature == 0.5
+    assert cfg.llm.model == "from-file"
+    assert load_config(conf, [], environ=env).batching.max_items == 20
+    assert load_config(conf, [], environ={}).batching.max_items == 10
+
+
+def test_set_parses_yaml_scalars():
+    cfg = load_config(None, ["chunking.semantic=false", "journal.path=null", "llm.seed=7"], environ={})
+    assert cfg.chunking.semantic is False and cfg.journal.path is None and cfg.llm.seed == 7
+
+
+@pytest.mark.parametrize(
+    ("override", "needle"),
+    [
+        ("batching.max_items=abc", "batching.max_items = 'abc'"),
+        ("batching.max_items=0", "greater than or equal to 1"),
+        ("summarization.retention=some", "summarization.retention = 'some'"),
+        ("llm.nope=1", "unknown key 'llm.nope'"),
+        ("nosection.x=1", "unknown section 'nosection'"),
+        ("justakey", "expected section.key=value"),
+        ("llm.context_window=1024", "merges need room"),
+    ],
+)
+def test_invalid_values_name_key_value_and_reason(override, needle):
+    with pytest.raises(ConfigError) as err:
+        load_config(None, [override], environ={})
+    assert needle in str(err.value)
+
+
+def test_batch_api_refused_with_semantic_chunking():
+    with pytest.raises(ConfigError, match="batch_api: true is refused while chunking.semantic"):
+        load_config(None, ["llm.batch_api=true"], environ={})
+    assert load_config(None, ["llm.batch_api=true", "chunking.semantic=false"], environ={}).llm.batch_api
+
+
+def test_openai_provider_needs_base_url():
+    with pytest.raises(ConfigError, match="base_url is required"):
+        load_config(None, ["llm.provider=openai"], environ={})
+
+
+def test_fingerprints_change_only_with_their_settings():
+    base = load_config(None, [], environ={})
+    chunk = load_config(None, ["chunking.max_chunk_tokens=512"], environ={})
+    batch = load_config(None, ["batching.max_items=10"], environ={})
+    assert base.chunking_fingerprint() != chunk.chunking_fingerprint()
+    assert base.summarization_fingerprint() == chunk.summarization_fingerprint()
+    assert base.summarization_fingerprint() != batch.summarization_fingerprint()
+    assert base.chunking_fingerprint() == batch.chunking_fingerprint()
+    assert base.chunking_fingerprint() == load_config(None, ["llm.max_concurrency=9"], environ={}).chunking_fingerprint()
+
+
+def test_missing_and_bad_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "none.yaml", environ={})
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("llm: [1, 2]\n")
+    with pytest.raises(ConfigError, match="must be a mapping"):
+        load_config(bad, environ={})
