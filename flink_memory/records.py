@@ -10,7 +10,7 @@ import base64
 import json
 import re
 from datetime import datetime, timezone
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -120,7 +120,14 @@ class TrustedConversation(_InputBase):
     chunks: Annotated[list[Annotated[list[Message], Field(min_length=1)]], Field(min_length=1)]
 
 
-InputRecord = Union[MemoryItem, Conversation, TrustedConversation]
+InputRecord = MemoryItem | Conversation | TrustedConversation
+RECORD_KINDS: dict[str, type[BaseModel]] = {"item": MemoryItem, "conversation": Conversation,
+                                            "trusted": TrustedConversation}
+
+
+def record_from_json(data: dict[str, Any]) -> InputRecord:
+    """Rebuild a record that already passed `parse_line` (it carries its `kind`)."""
+    return RECORD_KINDS[data["kind"]].model_validate(data)  # type: ignore[return-value]
 
 
 class DeadLetter(_Strict):
@@ -236,7 +243,7 @@ def parse_line(line: str | bytes, position: str | None = None) -> InputRecord | 
             try:
                 raw = line.decode("utf-8")
             except UnicodeDecodeError as exc:
-                raw = line.decode("utf-8", errors="replace")
+                raw = line.decode("utf-8", errors="replace").rstrip("\r\n")
                 raw_b64 = base64.b64encode(line).decode("ascii")
                 return _dead(raw, f"not UTF-8: {exc.reason} at byte {exc.start}", position, raw_b64=raw_b64)
         else:

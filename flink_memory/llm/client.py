@@ -82,12 +82,60 @@ class ChatRequest:
 
 
 @dataclass(frozen=True)
+class RequestFactory:
+    """Builds canonical requests from the LLM settings; plain data, so operators can pickle it."""
+
+    model: str
+    max_output_tokens: int
+    context_window: int
+    temperature: float = 0.0
+    seed: int | None = None
+    structured_output: bool = True
+
+    @classmethod
+    def from_config(cls, config: LLMConfig) -> RequestFactory:
+        return cls(
+            model=config.model,
+            max_output_tokens=config.max_output_tokens,
+            context_window=config.context_window,
+            temperature=config.temperature,
+            seed=config.seed,
+            structured_output=config.structured_output,
+        )
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.context_window, self.max_output_tokens)
+
+    def build(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        prompt_version: str,
+        max_tokens: int | None = None,
+        json_schema: dict[str, Any] | None = None,
+    ) -> ChatRequest:
+        request = ChatRequest.build(
+            model=self.model,
+            prompt_version=prompt_version,
+            messages=messages,
+            max_tokens=max_tokens or self.max_output_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            json_schema=json_schema if self.structured_output else None,
+        )
+        self.budget.check(messages, request.max_tokens)
+        return request
+
+
+@dataclass(frozen=True)
 class ChatResult:
     text: str
     prompt_tokens: int
     completion_tokens: int
     model: str
     from_journal: bool = False
+    latency_s: float = 0.0
 
 
 class LLMCallError(RuntimeError):
@@ -150,7 +198,8 @@ class LLMClient:
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
-        self.budget = Budget(config.context_window, config.max_output_tokens)
+        self.requests = RequestFactory.from_config(config)
+        self.budget = self.requests.budget
         self.stats = UsageStats()
         self.journal = journal
         self._slots = threading.BoundedSemaphore(config.max_concurrency)
@@ -179,14 +228,8 @@ class LLMClient:
         json_schema: dict[str, Any] | None = None,
     ) -> ChatRequest:
         """Build a canonical request with this client's model and sampling settings."""
-        return ChatRequest.build(
-            model=self.config.model,
-            prompt_version=prompt_version,
-            messages=messages,
-            max_tokens=max_tokens or self.config.max_output_tokens,
-            temperature=self.config.temperature,
-            seed=self.config.seed,
-            json_schema=json_schema if self.config.structured_output else None,
+        return self.requests.build(
+            messages, prompt_version=prompt_version, max_tokens=max_tokens, json_schema=json_schema
         )
 
     def complete(self, request: ChatRequest) -> ChatResult:
@@ -236,6 +279,7 @@ class LLMClient:
             prompt_tokens=prompt_tokens,
             completion_tokens=completion_tokens,
             model=getattr(response, "model", None) or request.model,
+            latency_s=elapsed,
         )
         self.stats.add(
             calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed

@@ -42,6 +42,7 @@ class EmbeddedServer:
         self,
         model_path: str | os.PathLike[str] | None = None,
         *,
+        host: str = "127.0.0.1",
         port: int = 0,
         context_window: int = 8192,
         threads: int = 2,
@@ -60,12 +61,12 @@ class EmbeddedServer:
         params.n_ctx = context_window * parallel
         params.n_parallel = parallel
         params.port = port
-        params.hostnames = ["127.0.0.1"]
+        params.hostnames = [host]
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
         self.model_path = path
         self._server: Any = xllamacpp.Server(params)
-        self.base_url = str(self._server.listening_address).rstrip("/")
+        self.base_url = str(self._server.listening_address).rstrip("/").replace("0.0.0.0", "127.0.0.1")
         log.info("embedded LLM %s listening on %s", path.name, self.base_url)
 
     @property

@@ -1,0 +1,236 @@
+"""flink-memory: run the job locally, serve the embedded model, or submit to a cluster."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from flink_memory.config import Config, ConfigError, load_config
+
+log = logging.getLogger("flink_memory")
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """The job's flags: shared by `flink-memory run` and jobs/memory_summarization.py (flink run -py)."""
+    parser.add_argument("--input", required=True, help="a JSON-lines file or a directory of them")
+    parser.add_argument("--output", required=True, help="output directory (summaries/, manifests/, dead-letters/)")
+    parser.add_argument("--config", help="YAML config file (default: conf/flink-memory.yaml)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                        help="override one setting; repeatable")
+    parser.add_argument("--follow", action="store_true", help="keep watching the input directory for new files")
+    parser.add_argument("--parallelism", type=int, help="shorthand for --set job.parallelism=N")
+    parser.add_argument("--restore", metavar="PATH", help="resume from a retained checkpoint or a savepoint")
+
+
+def job_config(args: argparse.Namespace) -> Config:
+    overrides = list(args.overrides)
+    if args.parallelism:
+        overrides.append(f"job.parallelism={args.parallelism}")
+    return load_config(args.config, overrides)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _get_json(url: str) -> Any:
+    with urllib.request.urlopen(url, timeout=2) as response:
+        return json.loads(response.read())
+
+
+class Progress:
+    """Polls the local cluster's REST API for the job's counters and prints one line every few seconds."""
+
+    NAMES = ("records_in", "dead_letters", "units_in", "batches", "merges", "globals", "llm_in_flight")
+
+    def __init__(self, port: int, job_id: str, stream: Any = sys.stderr) -> None:
+        self.base = f"http://127.0.0.1:{port}"
+        self.job_id = job_id
+        self.stream = stream
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Progress:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+    def snapshot(self) -> dict[str, float]:
+        totals: dict[str, float] = {}
+        job = _get_json(f"{self.base}/jobs/{self.job_id}")
+        for vertex in job.get("vertices", []):
+            url = f"{self.base}/jobs/{self.job_id}/vertices/{vertex['id']}/subtasks/metrics"
+            available = [m["id"] for m in _get_json(url)]
+            wanted = [m for m in available if m.rsplit(".", 1)[-1] in self.NAMES and "flink_memory" in m]
+            if not wanted:
+                continue
+            for metric in _get_json(f"{url}?get={','.join(wanted)}&agg=sum"):
+                name = metric["id"].rsplit(".", 1)[-1]
+                totals[name] = totals.get(name, 0) + float(metric.get("sum", 0))
+        return totals
+
+    def _run(self) -> None:
+        while not self._stop.wait(3.0):
+            try:
+                s = self.snapshot()
+            except (OSError, ValueError, KeyError):
+                continue
+            self.stream.write(
+                f"[flink-memory] records {int(s.get('records_in', 0))} | dead letters {int(s.get('dead_letters', 0))}"
+                f" | units {int(s.get('units_in', 0))} | batches {int(s.get('batches', 0))}"
+                f" | merges {int(s.get('merges', 0))} | globals {int(s.get('globals', 0))}"
+                f" | LLM calls in flight {int(s.get('llm_in_flight', 0))}\n"
+            )
+            self.stream.flush()
+
+
+def read_outputs(output_dir: str) -> dict[str, list[dict[str, Any]]]:
+    """Committed output records (in-progress part files are hidden and skipped)."""
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in ("summaries", "manifests", "dead-letters"):
+        rows: list[dict[str, Any]] = []
+        folder = Path(output_dir) / name
+        for path in sorted(folder.glob("*")) if folder.exists() else []:
+            if path.name.startswith(".") or not path.is_file():
+                continue
+            rows.extend(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        found[name] = rows
+    return found
+
+
+def latest_globals(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
+    best: dict[str, dict[str, Any]] = {}
+    for node in summaries:
+        if node["kind"] == "global" and node["version"] > best.get(node["agent_id"], {}).get("version", 0):
+            best[node["agent_id"]] = node
+    return best
+
+
+def report(output_dir: str, wall_s: float) -> str:
+    from flink_memory.llm.runtime import read_stats
+
+    outputs = read_outputs(output_dir)
+    nodes = outputs["summaries"]
+    kinds = {k: sum(1 for n in nodes if n["kind"] == k) for k in ("batch", "merge", "global")}
+    units = sum(n["item_count"] for n in nodes if n["kind"] == "batch")
+    stats = read_stats(output_dir)
+    globals_ = latest_globals(nodes)
+    lines = [
+        "flink-memory run finished",
+        f"  memory units summarized : {units} ({len(globals_)} agents)",
+        f"  summary nodes           : {kinds['batch']} batch, {kinds['merge']} merge, {kinds['global']} global",
+        f"  manifests / dead letters: {len(outputs['manifests'])} / {len(outputs['dead-letters'])}",
+        f"  LLM calls               : {int(stats.get('calls', 0))} ({int(stats.get('journal_hits', 0))} answered "
+        f"from the journal, {int(stats.get('failures', 0))} failed, {int(stats.get('retries', 0))} retried)",
+        f"  tokens                  : {int(stats.get('prompt_tokens', 0))} prompt, "
+        f"{int(stats.get('completion_tokens', 0))} completion",
+        f"  wall time               : {wall_s:.1f} s",
+        f"  output                  : {Path(output_dir).resolve()}/{{summaries,manifests,dead-letters}}",
+    ]
+    if globals_:
+        agent = sorted(globals_)[0]
+        node = globals_[agent]
+        lines.append(f"  global summary of {agent} (v{node['version']}, {node['item_count']} units):")
+        lines.append("    " + node["text"].strip().replace("\n", "\n    "))
+    return "\n".join(lines)
+
+
+def run_job(args: argparse.Namespace) -> int:
+    from flink_memory.flink.pipeline import build_job
+
+    config = job_config(args)
+    server = None
+    if config.llm.provider == "embedded" and not config.llm.base_url:
+        from flink_memory.llm.embedded import EmbeddedServer
+
+        server = EmbeddedServer(config.llm.embedded_model_path, context_window=config.llm.context_window,
+                                threads=config.llm.embedded_threads, parallel=config.llm.embedded_parallel)
+        config.llm.base_url = server.base_url  # one model for every worker of this local run
+        print(f"[flink-memory] embedded model {server.model_path.name} on {server.base_url}", file=sys.stderr)
+    Path(args.output).mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = build_job(config, args.input, args.output, follow=args.follow, restore=args.restore, rest_port=port)
+    started = time.monotonic()
+    client = env.execute_async("flink-memory")
+    job_id = str(client.get_job_id())
+    print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
+    progress = Progress(port, job_id).start()
+    try:
+        client.get_job_execution_result().result()
+    finally:
+        progress.stop()
+    print(report(args.output, time.monotonic() - started))
+    return 0
+
+
+def serve_llm(args: argparse.Namespace) -> int:
+    from flink_memory.llm.embedded import EmbeddedServer
+
+    server = EmbeddedServer(args.model, host=args.host, port=args.port, context_window=args.context_window,
+                            threads=args.threads, parallel=args.parallel)
+    print(f"serving {server.model_path.name} at {server.base_url}/v1 (OpenAI-compatible); Ctrl-C stops",
+          flush=True)
+    stop = threading.Event()
+    try:
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    server.close()
+    return 0
+
+
+def show_config(args: argparse.Namespace) -> int:
+    config = load_config(args.config, args.overrides)
+    print(json.dumps(config.model_dump(mode="json"), indent=2))
+    print(f"chunking fingerprint      {config.chunking_fingerprint()}")
+    print(f"summarization fingerprint {config.summarization_fingerprint()}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    logging.basicConfig(level=os.environ.get("FLINK_MEMORY_LOG", "WARNING"))
+    parser = argparse.ArgumentParser(prog="flink-memory", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the job on a local MiniCluster")
+    add_job_arguments(run)
+    run.set_defaults(handler=run_job)
+    serve = commands.add_parser("serve-llm", help="serve the embedded model over the OpenAI API on 127.0.0.1")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 inside a container)")
+    serve.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    serve.add_argument("--model", help="a GGUF file (default: the bundled SmolLM2-135M)")
+    serve.add_argument("--context-window", type=int, default=8192)
+    serve.add_argument("--threads", type=int, default=2)
+    serve.add_argument("--parallel", type=int, default=4)
+    serve.set_defaults(handler=serve_llm)
+    show = commands.add_parser("config", help="print the effective configuration and its fingerprints")
+    show.add_argument("--config")
+    show.add_argument("--set", dest="overrides", action="append", default=[])
+    show.set_defaults(handler=show_config)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:
+        print(f"flink-memory: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

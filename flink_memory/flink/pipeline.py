@@ -1,0 +1,181 @@
+"""Wiring: the environment, the file source, the operators with fixed uids, and exactly-once file sinks.
+
+`add_memory_operators` is the public entry for other PyFlink jobs: give it any DataStream of JSON lines
+(or dicts, or records) and get back the summary, manifest and dead-letter streams.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import site
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pyflink.common import Configuration, Encoder, Types, WatermarkStrategy
+from pyflink.datastream import DataStream, RuntimeExecutionMode, StreamExecutionEnvironment
+from pyflink.datastream.connectors.file_system import (
+    BucketAssigner,
+    FileSink,
+    FileSource,
+    OutputFileConfig,
+    RollingPolicy,
+    StreamFormat,
+)
+
+from flink_memory.config import Config
+from flink_memory.flink.operators import (
+    DEAD_LETTERS,
+    KEYED,
+    MANIFESTS,
+    BatchSummaries,
+    MergeSummaries,
+    ParseRecords,
+    PlanChunks,
+)
+
+# Operator uids are part of the savepoint contract: never change them without a migration note.
+UIDS = {
+    "source": "flink-memory-source",
+    "parse": "flink-memory-parse",
+    "planner": "flink-memory-chunk-planner",
+    "batcher": "flink-memory-batcher",
+    "merger": "flink-memory-merger",
+    "sink_summaries": "flink-memory-sink-summaries",
+    "sink_manifests": "flink-memory-sink-manifests",
+    "sink_dead_letters": "flink-memory-sink-dead-letters",
+}
+OUTPUTS = ("summaries", "manifests", "dead-letters")
+
+
+@dataclass
+class MemoryStreams:
+    summaries: DataStream
+    manifests: DataStream
+    dead_letters: DataStream
+
+
+def flink_configuration(config: Config, output_dir: str | None, restore: str | None = None,
+                        rest_port: int | None = None) -> Configuration:
+    conf = Configuration()
+    if rest_port is not None:  # local runs: the CLI reads progress from the MiniCluster's REST API
+        conf.set_string("rest.bind-address", "127.0.0.1")
+        conf.set_string("rest.bind-port", str(rest_port))
+    conf.set_string("python.executable", sys.executable)
+    conf.set_string("python.client.executable", sys.executable)
+    conf.set_string("python.execution-mode", config.job.execution_mode)
+    if config.job.execution_mode == "thread":
+        paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
+        paths.append(str(Path(__file__).resolve().parents[2]))
+        conf.set_string("python.pythonpath", os.pathsep.join(paths))
+    conf.set_string("python.fn-execution.bundle.size", str(config.job.bundle_size))
+    conf.set_string("python.fn-execution.bundle.time", str(config.job.bundle_time_ms))
+    conf.set_string("parallelism.default", str(config.job.parallelism))
+    conf.set_string("taskmanager.network.memory.buffer-debloat.enabled", "true")
+    conf.set_string("state.backend.type", config.checkpointing.state_backend)
+    if config.checkpointing.interval_s > 0:
+        conf.set_string("execution.checkpointing.interval", f"{int(config.checkpointing.interval_s * 1000)} ms")
+        conf.set_string("execution.checkpointing.mode", "EXACTLY_ONCE")
+        conf.set_string("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
+        directory = config.checkpointing.dir or (str(Path(output_dir).resolve() / "_checkpoints") if output_dir else None)
+        if directory:
+            if "://" not in directory:
+                directory = Path(directory).resolve().as_uri()
+            conf.set_string("execution.checkpointing.dir", directory)
+    conf.set_string("restart-strategy.type", "exponential-delay")
+    conf.set_string("restart-strategy.exponential-delay.initial-backoff", f"{int(config.checkpointing.restart_backoff_s * 1000)} ms")
+    conf.set_string("restart-strategy.exponential-delay.max-backoff", "60 s")
+    conf.set_string("restart-strategy.exponential-delay.attempts-before-reset-backoff",
+                    str(config.checkpointing.restart_attempts))
+    if restore:
+        conf.set_string("execution.state-recovery.path", restore if "://" in restore else Path(restore).resolve().as_uri())
+    return conf
+
+
+def create_environment(config: Config, output_dir: str | None, restore: str | None = None,
+                       rest_port: int | None = None) -> StreamExecutionEnvironment:
+    env = StreamExecutionEnvironment.get_execution_environment(
+        flink_configuration(config, output_dir, restore, rest_port))
+    env.set_runtime_mode(RuntimeExecutionMode.STREAMING)
+    env.set_parallelism(config.job.parallelism)
+    return env
+
+
+def file_source(env: StreamExecutionEnvironment, input_path: str, follow: bool = False,
+                follow_interval_s: float = 2.0) -> DataStream:
+    """A file or a directory of JSON-lines files; with `follow`, new files are picked up as they appear."""
+    from pyflink.common import Duration
+
+    path = input_path if "://" in input_path else str(Path(input_path).resolve())
+    builder = FileSource.for_record_stream_format(StreamFormat.text_line_format(), path)
+    if follow:
+        builder = builder.monitor_continuously(Duration.of_millis(int(follow_interval_s * 1000)))
+    return env.from_source(builder.build(), WatermarkStrategy.no_watermarks(), "memory-input").uid(UIDS["source"])
+
+
+def _to_line(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (bytes, bytearray)):
+        return bytes(value).decode("utf-8", errors="replace")
+    if hasattr(value, "model_dump"):
+        data = value.model_dump(mode="json")
+        data.pop("kind", None)
+        return json.dumps(data, ensure_ascii=False)
+    return json.dumps(value, ensure_ascii=False, default=str)
+
+
+def add_memory_operators(stream: DataStream, config: Config, output_dir: str | None = None) -> MemoryStreams:
+    """Add parse, plan, batch and merge to `stream` (JSON strings, dicts or our record models).
+
+    Returns the summary nodes, manifests and dead letters as DataStreams of JSON strings. The operator
+    uids are fixed (see UIDS), so a job that embeds these operators can restore their state.
+    """
+    config_json = config.model_dump_json()
+    lines = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
+    parsed = lines.process(ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
+    planned = (
+        parsed.key_by(lambda r: r[0], key_type=Types.STRING())
+        .process(PlanChunks(config_json, output_dir), output_type=KEYED)
+        .name("chunk-planner").uid(UIDS["planner"])
+    )
+    batches = (
+        planned.key_by(lambda r: r[0], key_type=Types.STRING())
+        .process(BatchSummaries(config_json, output_dir), output_type=KEYED)
+        .name("batch-summaries").uid(UIDS["batcher"])
+    )
+    summaries = (
+        batches.key_by(lambda r: r[0], key_type=Types.STRING())
+        .process(MergeSummaries(config_json, output_dir), output_type=Types.STRING())
+        .name("hierarchical-merger").uid(UIDS["merger"])
+    )
+    dead = parsed.get_side_output(DEAD_LETTERS).union(planned.get_side_output(DEAD_LETTERS))
+    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead)
+
+
+def file_sink(base_path: str, name: str) -> FileSink:
+    """Row-format JSON lines, rolled and committed on checkpoints: exactly once."""
+    return (
+        FileSink.for_row_format(base_path, Encoder.simple_string_encoder())
+        .with_bucket_assigner(BucketAssigner.base_path_bucket_assigner())
+        .with_output_file_config(OutputFileConfig.builder().with_part_prefix(name).with_part_suffix(".jsonl").build())
+        .with_rolling_policy(RollingPolicy.on_checkpoint_rolling_policy())
+        .build()
+    )
+
+
+def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
+    root = output_dir if "://" in output_dir else str(Path(output_dir).resolve())
+    for name, stream in (("summaries", streams.summaries), ("manifests", streams.manifests),
+                         ("dead-letters", streams.dead_letters)):
+        stream.sink_to(file_sink(f"{root}/{name}", name)).name(f"sink-{name}").uid(UIDS[f"sink_{name.replace('-', '_')}"])
+
+
+def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool = False,
+              restore: str | None = None, rest_port: int | None = None) -> StreamExecutionEnvironment:
+    env = create_environment(config, output_dir, restore, rest_port)
+    streams = add_memory_operators(file_source(env, input_path, follow), config, output_dir)
+    add_file_sinks(streams, output_dir)
+    return env

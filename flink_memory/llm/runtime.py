@@ -1,0 +1,57 @@
+"""Building the LLM client inside a worker, and leaving its usage counters where the CLI finds them."""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from pathlib import Path
+
+from flink_memory.config import Config
+from flink_memory.llm.client import LLMClient
+
+
+def resolve_base_url(config: Config) -> str:
+    """The configured endpoint, or the process's embedded server (started on first use)."""
+    if config.llm.base_url:
+        return config.llm.base_url
+    if config.llm.provider != "embedded":
+        raise ValueError("llm.base_url is required when llm.provider is openai")
+    from flink_memory.llm.embedded import shared_server
+
+    server = shared_server(config.llm.embedded_model_path, config.llm.context_window, config.llm.embedded_threads,
+                           config.llm.embedded_parallel)
+    return server.base_url
+
+
+def make_client(config: Config, output_dir: str | None = None) -> LLMClient:
+    journal = None
+    if config.journal.path:
+        from flink_memory.llm.journal import SqliteJournal
+
+        journal = SqliteJournal(config.journal.path, max_entries=config.journal.max_entries,
+                                max_age_days=config.journal.max_age_days)
+    return LLMClient(config.llm, resolve_base_url(config), journal=journal)
+
+
+def write_stats(output_dir: str | None, stage: str, subtask: int, attempt: int, stats: dict[str, float]) -> None:
+    """One small JSON per operator attempt under <output>/_stats; the run report adds them up."""
+    if not output_dir or output_dir.startswith(("s3:", "hdfs:", "gs:")):
+        return
+    folder = Path(output_dir.removeprefix("file://")) / "_stats"
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / f"{stage}-{subtask}-{attempt}-{os.getpid()}-{uuid.uuid4().hex[:8]}.json"
+    tmp = target.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"stage": stage, "subtask": subtask, "attempt": attempt, **stats}))
+    tmp.replace(target)
+
+
+def read_stats(output_dir: str) -> dict[str, float]:
+    totals: dict[str, float] = {}
+    folder = Path(output_dir) / "_stats"
+    for path in sorted(folder.glob("*.json")) if folder.exists() else []:
+        data = json.loads(path.read_text())
+        for key, value in data.items():
+            if key not in ("stage", "subtask", "attempt") and isinstance(value, (int, float)):
+                totals[key] = totals.get(key, 0) + value
+    return totals

@@ -1,0 +1,75 @@
+"""Helpers for tests that run the real job on a local MiniCluster."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+from flink_memory.cli import latest_globals, read_outputs
+from flink_memory.config import load_config
+from flink_memory.flink.pipeline import build_job
+
+
+def write_lines(path: Path, records: list[Any]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write((record if isinstance(record, str) else json.dumps(record, ensure_ascii=False)) + "\n")
+    return path
+
+
+def items(agents: int, per_agent: int, words: int = 6) -> list[dict[str, Any]]:
+    out = []
+    for i in range(per_agent):
+        for a in range(agents):
+            text = f"Fact {i} of agent {a}: Person{a}x{i} paid {i * 7 + a} EUR on day {i}. " + "filler " * words
+            out.append({"agent_id": f"agent-{a}", "id": f"m{i}", "text": text,
+                        "ts": f"2026-01-{1 + i % 28:02d}T00:{i % 60:02d}:00Z"})
+    return out
+
+
+def config_for(server_url: str, *overrides: str, journal: Path | None = None):
+    base = ["llm.provider=openai", f"llm.base_url={server_url}", "llm.max_retries=2", "llm.retry_backoff_s=0.2",
+            "llm.retry_backoff_max_s=1", "checkpointing.interval_s=1", "job.poll_interval_ms=20",
+            f"journal.path={journal if journal else 'null'}"]
+    return load_config(None, base + list(overrides), environ={})
+
+
+def run(tmp: Path, records: list[Any], server_url: str, *overrides: str, journal: Path | None = None,
+        name: str = "job") -> dict[str, list[dict[str, Any]]]:
+    input_path = write_lines(tmp / f"{name}-input" / "part-0.jsonl", records)
+    output = tmp / f"{name}-output"
+    config = config_for(server_url, *overrides, journal=journal)
+    build_job(config, str(input_path), str(output)).execute(name)
+    return read_outputs(str(output))
+
+
+def expected_units(records: list[Any]) -> Counter:
+    """Unit ids of valid short items (no chunking in play)."""
+    return Counter((r["agent_id"], r["id"]) for r in records if isinstance(r, dict) and "text" in r)
+
+
+def batch_units(summaries: list[dict[str, Any]]) -> Counter:
+    return Counter((n["agent_id"], u) for n in summaries if n["kind"] == "batch" for u in n["children"])
+
+
+def check_tree(summaries: list[dict[str, Any]], units_per_agent: Counter | None = None) -> None:
+    """Children exist one level down, nothing is merged twice, the latest global covers every unit."""
+    by_id = {(n["agent_id"], n["node_id"]): n for n in summaries}
+    assert len(by_id) == len(summaries), "duplicate node ids"
+    merged_into: Counter = Counter()
+    for node in summaries:
+        if node["kind"] == "batch":
+            assert node["level"] == 1 and node["item_count"] == len(node["children"])
+            continue
+        for child in node["children"]:
+            assert (node["agent_id"], child) in by_id, f"{node['node_id']} names a missing child {child}"
+            if node["kind"] == "merge":
+                merged_into[(node["agent_id"], child)] += 1
+        assert node["item_count"] == sum(by_id[(node["agent_id"], c)]["item_count"] for c in node["children"])
+    assert all(count == 1 for count in merged_into.values()), "a node was merged twice"
+    if units_per_agent is not None:
+        for agent, node in latest_globals(summaries).items():
+            assert node["item_count"] == units_per_agent[agent], agent

@@ -1,0 +1,150 @@
+"""The summarization core without Flink: batch packing, the reduce job's budget, the summary tree."""
+
+import math
+
+import pytest
+
+from flink_memory.config import load_config
+from flink_memory.llm.client import ChatResult, RequestFactory
+from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_cost
+from flink_memory.summarize.reduce import ReduceJob
+from flink_memory.summarize.tree import SummaryTree
+from flink_memory.tokens import estimate_messages
+
+
+def cfg(*overrides):
+    return load_config(None, list(overrides), environ={})
+
+
+def unit(i, text="note", ts=None):
+    return {"agent_id": "a", "unit_id": f"u{i}", "source_id": f"u{i}", "text": text, "ts": ts, "oversized": False}
+
+
+def test_batches_close_at_max_items():
+    limits = BatchLimits.from_config(cfg("batching.max_items=3"))
+    buffer = BatchBuffer()
+    closed = [b for i in range(7) for b in buffer.add(unit(i), limits, 0)]
+    assert [len(b) for b in closed] == [3, 3]
+    assert len(buffer.units) == 1
+
+
+def test_batches_close_at_token_budget():
+    limits = BatchLimits.from_config(cfg("batching.max_tokens=200"))
+    buffer = BatchBuffer()
+    text = "word " * 40
+    closed = [b for i in range(10) for b in buffer.add(unit(i, text), limits, 0)]
+    assert closed and all(sum(unit_cost(u) for u in b) <= 200 for b in closed)
+    assert sum(len(b) for b in closed) + len(buffer.units) == 10
+
+
+def test_oversized_unit_is_a_batch_of_its_own():
+    limits = BatchLimits.from_config(cfg("batching.max_tokens=200"))
+    buffer = BatchBuffer()
+    buffer.add(unit(0), limits, 0)
+    closed = buffer.add(unit(1, "word " * 1000), limits, 0)
+    assert [[u["unit_id"] for u in b] for b in closed] == [["u0"], ["u1"]]
+
+
+def fake(request, text="short summary"):
+    return ChatResult(text=text, prompt_tokens=estimate_messages(request.message_dicts()), completion_tokens=3,
+                      model="m")
+
+
+def run(job, factory, answer=lambda r: "short summary"):
+    seen = []
+    while True:
+        requests = job.requests(factory)
+        seen.append(requests)
+        text = job.advance(factory, [fake(r, answer(r)) for r in requests])
+        if text is not None:
+            return text, seen
+
+
+@pytest.mark.parametrize("window", [1024, 2048, 8192])
+def test_reduce_never_exceeds_the_window_and_keeps_every_word(window):
+    config = cfg(f"llm.context_window={window}", "llm.max_output_tokens=128", "chunking.max_chunk_tokens=256")
+    factory = RequestFactory.from_config(config.llm)
+    huge = " ".join(f"w{i}" for i in range(6000))
+    job = ReduceJob("batch", [{"id": "big", "text": huge}, {"id": "small", "text": "tiny"}])
+    sent = []
+
+    def echo_words(request):
+        sent.append(request)
+        return "s"
+
+    text, rounds = run(job, factory, echo_words)
+    assert text == "s"
+    assert len(rounds) >= 2  # the big item was split and reduced
+    for request in sent:
+        assert estimate_messages(request.message_dicts()) + request.max_tokens <= window
+    first_round = "".join(c for r in rounds[0] for _, c in r.messages)
+    assert all(f"w{i}" in first_round for i in range(0, 6000, 97))  # nothing truncated
+
+
+def test_reduce_is_deterministic():
+    factory = RequestFactory.from_config(
+        cfg("llm.context_window=1024", "llm.max_output_tokens=128", "chunking.max_chunk_tokens=256").llm)
+    entries = [{"id": f"i{k}", "text": "alpha beta " * 60} for k in range(12)]
+    a = [r.digest for r in ReduceJob("batch", list(entries)).requests(factory)]
+    b = [r.digest for r in ReduceJob("batch", list(entries)).requests(factory)]
+    assert a == b and len(a) > 1
+
+
+def node(i, level=1, text="summary"):
+    return {"agent_id": "a", "node_id": f"batch-{i:06d}", "kind": "batch", "level": level, "children": [f"u{i}"],
+            "text": text, "item_count": 1, "first_ts": None, "last_ts": None}
+
+
+def grow(tree, n, fan_in, budget, start=0):
+    """Add n batch nodes, completing merges instantly; returns the merges each addition caused."""
+    per_batch = []
+    for i in range(start, start + n):
+        pending = tree.add(node(i), fan_in, budget)
+        merges = 0
+        while pending:
+            merges += len(pending)
+            nxt = []
+            for m in pending:
+                merged = {"agent_id": "a", "node_id": m.node_id, "kind": "merge", "level": m.level,
+                          "children": [c["node_id"] for c in m.children], "text": "merged",
+                          "item_count": sum(c["item_count"] for c in m.children), "first_ts": None, "last_ts": None}
+                nxt.extend(tree.add(merged, fan_in, budget))
+            pending = nxt
+        per_batch.append(merges)
+    return per_batch
+
+
+@pytest.mark.parametrize(("n", "fan_in"), [(64, 8), (100, 4), (1000, 8), (81, 3)])
+def test_merge_count_grows_linearly_and_a_late_batch_costs_log_n(n, fan_in):
+    budget = RequestFactory.from_config(cfg().llm).budget
+    tree = SummaryTree("a")
+    per_batch = grow(tree, n, fan_in, budget)
+    total = sum(per_batch)
+    assert total <= math.ceil(n / (fan_in - 1))
+    assert total >= n // fan_in
+    assert max(per_batch) <= math.ceil(math.log(n, fan_in)) + 1
+    assert sum(n["item_count"] for n in tree.frontier()) == n  # the frontier covers every unit once
+
+
+def test_merges_cut_early_when_the_next_node_would_not_fit():
+    config = cfg("llm.context_window=2048", "llm.max_output_tokens=128")
+    budget = RequestFactory.from_config(config.llm).budget
+    tree = SummaryTree("a")
+    big = "detail " * 300
+    starts = [s for i in range(6) for s in tree.add(node(i, text=big), 8, budget)]
+    assert starts and all(len(s.children) < 8 for s in starts)
+
+
+def test_tree_waits_for_earlier_merges_to_keep_chronology():
+    budget = RequestFactory.from_config(cfg().llm).budget
+    tree = SummaryTree("a")
+    first = [s for i in range(2) for s in tree.add(node(i), 2, budget)]
+    second = [s for i in range(2, 4) for s in tree.add(node(i), 2, budget)]
+    assert [s.node_id for s in first + second] == ["merge-L2-000001", "merge-L2-000002"]
+    done2 = {"node_id": "merge-L2-000002", "level": 2, "text": "b", "item_count": 2, "kind": "merge",
+             "children": [], "agent_id": "a"}
+    assert tree.add(done2, 2, budget) == []  # the later merge finished first: no level-3 merge yet
+    assert not tree.settled()
+    done1 = dict(done2, node_id="merge-L2-000001", text="a")
+    (level3,) = tree.add(done1, 2, budget)
+    assert [c["node_id"] for c in level3.children] == ["merge-L2-000001", "merge-L2-000002"]
