@@ -118,12 +118,17 @@ class Config(BaseModel):
             raise ValueError("llm.base_url is required when llm.provider is openai")
         from flink_memory.tokens import Budget  # local import: tokens depends on nothing here
 
+        from flink_memory.summarize.reduce import frame_tokens
+
         budget = Budget(self.llm.context_window, self.llm.max_output_tokens)
-        if budget.input_tokens < 4 * self.llm.max_output_tokens:
+        room = budget.input_tokens - max(frame_tokens(p) for p in ("batch", "part", "merge", "global"))
+        # a summary of max_output_tokens real tokens may estimate up to ~3x that, plus its JSON frame
+        need = 2 * (3 * self.llm.max_output_tokens + 64)
+        if room < need:
             raise ValueError(
-                f"llm.context_window ({self.llm.context_window}) leaves {budget.input_tokens} prompt tokens after "
+                f"llm.context_window ({self.llm.context_window}) leaves {room} prompt tokens after "
                 f"llm.max_output_tokens ({self.llm.max_output_tokens}) and the prompt frame; merges need room "
-                f"for at least 4 summaries: raise the window or lower max_output_tokens"
+                f"for two summaries ({need}): raise the window or lower max_output_tokens"
             )
         if self.chunking.max_chunk_tokens > budget.input_tokens:
             raise ValueError(

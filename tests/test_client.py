@@ -104,7 +104,7 @@ def test_concurrency_limit():
 
 
 def test_context_window_is_enforced_before_sending(scripted):
-    client = make_client(scripted, "llm.context_window=2048", "llm.max_output_tokens=256")
+    client = make_client(scripted, "llm.context_window=2048", "llm.max_output_tokens=128")
     with pytest.raises(RequestTooLarge):
         ask(client, "word " * 3000)
     assert scripted.count() == 0

@@ -71,12 +71,12 @@ def test_retention_and_single_depth(tmp_path):
 
 
 def test_small_context_window_huge_item_and_pile_of_summaries(tmp_path):
-    window = 1024
+    window = 1536
     huge = {"agent_id": "big", "id": "huge", "text": " ".join(f"token{i}" for i in range(5000))}
     records = items(agents=1, per_agent=60, words=40) + [huge]
-    verbose = lambda body: Reply(text="Summary: " + "detail " * (body["max_tokens"] - 10))  # noqa: E731
+    verbose = lambda body: Reply(text="Summary: " + "detail " * (body["max_tokens"] // 2))  # noqa: E731
     with ScriptedServer(verbose) as server:
-        out = run(tmp_path, records, server.base_url, f"llm.context_window={window}", "llm.max_output_tokens=128",
+        out = run(tmp_path, records, server.base_url, f"llm.context_window={window}", "llm.max_output_tokens=96",
                   "chunking.max_chunk_tokens=256", "summarization.fan_in=8")
         for body in server.requests:
             assert estimate_messages(body["messages"]) + body["max_tokens"] <= window

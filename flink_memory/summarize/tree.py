@@ -68,13 +68,13 @@ class SummaryTree:
                 if slot["node"] is None:
                     break  # an earlier merge is still running: keep chronology, wait for it
                 cost = _cost(merge_entry(slot["node"]))
-                if group and used + cost > limit:
+                if len(group) >= 2 and used + cost > limit:
                     ready = True  # the next node would not fit this request
                     break
                 group.append(slot["node"])
                 used += cost
-                if len(group) >= fan_in:
-                    ready = True
+                if len(group) >= fan_in or (len(group) == 2 and used > limit):
+                    ready = True  # two nodes that do not fit one request: the merge job condenses them
                     break
             if not ready or not group:
                 return started

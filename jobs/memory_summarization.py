@@ -1,0 +1,29 @@
+"""Entry point for `flink run -py jobs/memory_summarization.py --input ... --output ...`.
+
+Same flags as `flink-memory run`. On a cluster the LLM must be reachable from every TaskManager: set
+llm.base_url (for example a `flink-memory serve-llm` service or any OpenAI-compatible endpoint).
+"""
+
+import argparse
+import sys
+
+from flink_memory.cli import add_job_arguments, job_config
+from flink_memory.config import ConfigError
+from flink_memory.flink.pipeline import build_job
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="memory_summarization", description=__doc__)
+    add_job_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        config = job_config(args)
+    except ConfigError as exc:
+        print(f"memory_summarization: {exc}", file=sys.stderr)
+        return 2
+    build_job(config, args.input, args.output, follow=args.follow, restore=args.restore).execute("flink-memory")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
