@@ -21,7 +21,7 @@ run: $(STAMP)
 	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite
 
 test: $(STAMP)
-	$(BIN)/ruff check flink_memory jobs tests benchmarks
+	$(BIN)/ruff check flink_memory jobs tests samples
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)

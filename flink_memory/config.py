@@ -116,9 +116,8 @@ class Config(BaseModel):
             )
         if self.llm.provider == "openai" and not self.llm.base_url:
             raise ValueError("llm.base_url is required when llm.provider is openai")
-        from flink_memory.tokens import Budget  # local import: tokens depends on nothing here
-
         from flink_memory.summarize.reduce import frame_tokens
+        from flink_memory.tokens import Budget  # local import: tokens depends on nothing here
 
         budget = Budget(self.llm.context_window, self.llm.max_output_tokens)
         room = budget.input_tokens - max(frame_tokens(p) for p in ("batch", "part", "merge", "global"))
