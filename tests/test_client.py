@@ -15,7 +15,7 @@ def make_client(server, *overrides, journal=None, api_key=None):
 
 
 def ask(client, text="hello"):
-    return client.complete(client.request([{"role": "user", "content": text}], prompt_version="t1"))
+    return client.complete(client.requests.build([{"role": "user", "content": text}], prompt_version="t1"))
 
 
 def test_answer_and_usage(scripted):
@@ -128,6 +128,6 @@ def test_provider_errors_are_redacted():
 def test_structured_output_sends_json_schema(scripted):
     client = make_client(scripted)
     schema = {"type": "object", "properties": {"ends": {"type": "array"}}, "required": ["ends"]}
-    client.complete(client.request([{"role": "user", "content": "x"}], prompt_version="p", json_schema=schema))
+    client.complete(client.requests.build([{"role": "user", "content": "x"}], prompt_version="p", json_schema=schema))
     sent = scripted.requests[0]["response_format"]
     assert sent["type"] == "json_schema" and sent["json_schema"]["schema"] == schema

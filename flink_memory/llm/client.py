@@ -219,19 +219,6 @@ class LLMClient:
     def _count_http_request(self, _request: Any) -> None:
         self.stats.add(http_requests=1)
 
-    def request(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        prompt_version: str,
-        max_tokens: int | None = None,
-        json_schema: dict[str, Any] | None = None,
-    ) -> ChatRequest:
-        """Build a canonical request with this client's model and sampling settings."""
-        return self.requests.build(
-            messages, prompt_version=prompt_version, max_tokens=max_tokens, json_schema=json_schema
-        )
-
     def complete(self, request: ChatRequest) -> ChatResult:
         """One completion: from the journal when it holds this request, else from the provider."""
         messages = request.message_dicts()
