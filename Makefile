@@ -25,7 +25,7 @@ test: $(STAMP)
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
-	$(BIN)/python benchmarks/strategies.py --provider scripted
+	$(BIN)/python benchmarks/throughput.py
 
 clean:
 	rm -rf out .flink-memory

@@ -64,6 +64,8 @@ class ScriptedServer:
         self.latency_s = latency_s
         self.requests: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
+        # (start, end, body) per answered request, monotonic seconds
+        self.spans: list[tuple[float, float, dict[str, Any]]] = []
         self.in_flight = 0
         self.max_in_flight = 0
         self._lock = threading.Lock()
@@ -84,11 +86,13 @@ class ScriptedServer:
                     server.authorizations.append(self.headers.get("Authorization"))
                     server.in_flight += 1
                     server.max_in_flight = max(server.max_in_flight, server.in_flight)
+                started = time.monotonic()
                 try:
                     self._answer(body)
                 finally:
                     with server._lock:
                         server.in_flight -= 1
+                        server.spans.append((started, time.monotonic(), body))
 
             def _answer(self, body: dict[str, Any]) -> None:
                 reply = server.script(body)
