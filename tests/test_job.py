@@ -111,3 +111,51 @@ def test_provider_faults_lose_nothing_and_never_become_summaries(tmp_path):
     assert batch_units(out["summaries"]) == expected_units(records)
     assert all(n["text"].startswith("Summary:") for n in out["summaries"])
     check_tree(out["summaries"], per_agent(records))
+
+
+def wait_for(predicate, timeout_s=120.0, every_s=0.5):
+    import time
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(every_s)
+    raise AssertionError("condition not reached in time")
+
+
+def test_follow_a_directory_flushes_partial_batches_by_timeout(tmp_path):
+    """Unbounded input: new files are picked up, partial batches close after flush_after_s, globals refresh."""
+    from jobkit import config_for, write_lines
+
+    from flink_memory.cli import read_outputs
+    from flink_memory.flink.pipeline import build_job
+
+    inbox, output = tmp_path / "inbox", tmp_path / "out"
+    inbox.mkdir()
+    first = items(agents=2, per_agent=3)
+    second = [dict(r, id=r["id"] + "-late") for r in items(agents=2, per_agent=2)]
+
+    def publish(name, records):  # hidden while written, then renamed: the source never reads half a file
+        write_lines(inbox / f".{name}", records).rename(inbox / name)
+
+    def covered(records):
+        out = read_outputs(str(output))
+        done = batch_units(out["summaries"]) == expected_units(records)
+        globals_ = latest_globals(out["summaries"])
+        return done and all(g["item_count"] == per_agent(records)[a] for a, g in globals_.items()) and out
+
+    publish("part-0.jsonl", first)
+    with ScriptedServer() as server:
+        config = config_for(server.base_url, "batching.max_items=50", "batching.flush_after_s=1",
+                            "summarization.global_refresh_s=1")
+        client = build_job(config, str(inbox), str(output), follow=True).execute_async("follow")
+        try:
+            wait_for(lambda: covered(first))
+            publish("part-1.jsonl", second)
+            out = wait_for(lambda: covered(first + second))
+        finally:
+            client.cancel().result()
+    assert all(n["item_count"] in (2, 3) for n in out["summaries"] if n["kind"] == "batch")  # closed by timeout
+    check_tree(out["summaries"], per_agent(first + second))
