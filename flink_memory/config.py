@@ -77,6 +77,7 @@ class JournalConfig(_Section):
     path: str | None = ".flink-memory/journal.sqlite"
     max_entries: int = Field(1_000_000, ge=1)
     max_age_days: float = Field(30.0, gt=0)
+    drain_on_close_s: float = Field(30.0, ge=0)
 
 
 class CheckpointingConfig(_Section):
@@ -93,6 +94,9 @@ class JobConfig(_Section):
     bundle_size: int = Field(100, ge=1)
     bundle_time_ms: int = Field(100, ge=1)
     poll_interval_ms: int = Field(50, ge=5)
+    # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
+    # (element or timer), or "call:n:..." at the n-th fresh LLM result; once, while the marker file is absent.
+    inject_failure: str | None = Field(None, pattern=r"^(planner|batcher|merger|call):[1-9][0-9]*:.+$")
 
 
 class Config(BaseModel):

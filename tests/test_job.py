@@ -5,7 +5,7 @@ import math
 from collections import Counter
 
 import pytest
-from jobkit import batch_units, check_tree, expected_units, items, run
+from jobkit import batch_units, check_tree, expected_units, items, run, wait_for
 from scripted_server import Reply, ScriptedServer, default_script
 
 from flink_memory.cli import latest_globals
@@ -111,18 +111,6 @@ def test_provider_faults_lose_nothing_and_never_become_summaries(tmp_path):
     assert batch_units(out["summaries"]) == expected_units(records)
     assert all(n["text"].startswith("Summary:") for n in out["summaries"])
     check_tree(out["summaries"], per_agent(records))
-
-
-def wait_for(predicate, timeout_s=120.0, every_s=0.5):
-    import time
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(every_s)
-    raise AssertionError("condition not reached in time")
 
 
 def test_follow_a_directory_flushes_partial_batches_by_timeout(tmp_path):

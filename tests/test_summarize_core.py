@@ -148,3 +148,27 @@ def test_tree_waits_for_earlier_merges_to_keep_chronology():
     done1 = dict(done2, node_id="merge-L2-000001", text="a")
     (level3,) = tree.add(done1, 2, budget)
     assert [c["node_id"] for c in level3.children] == ["merge-L2-000001", "merge-L2-000002"]
+    assert level3.node_id == "merge-L3-000001"
+
+
+def test_node_ids_do_not_depend_on_llm_timing():
+    """A level-2 merge and a level-3 merge that become ready in either order get the same ids."""
+    budget = RequestFactory.from_config(cfg().llm).budget
+
+    def merged(node_id, level=2):
+        return {"node_id": node_id, "level": level, "text": node_id, "item_count": 2, "kind": "merge",
+                "children": [], "agent_id": "a"}
+
+    ids = []
+    for l2_first in (True, False):
+        tree = SummaryTree("a")
+        starts = [s for i in range(4) for s in tree.add(node(i), 2, budget)]  # L2 #1 and #2
+        starts += tree.add(merged("merge-L2-000001"), 2, budget)
+        if l2_first:  # batches 4,5 arrive before merge #2 finishes
+            starts += [s for i in range(4, 6) for s in tree.add(node(i), 2, budget)]
+            starts += tree.add(merged("merge-L2-000002"), 2, budget)
+        else:
+            starts += tree.add(merged("merge-L2-000002"), 2, budget)
+            starts += [s for i in range(4, 6) for s in tree.add(node(i), 2, budget)]
+        ids.append(sorted((s.node_id, tuple(c["node_id"] for c in s.children)) for s in starts))
+    assert ids[0] == ids[1]

@@ -50,21 +50,16 @@ END_PHASES = 8  # rounds of work per agent at end of input (batch, merges, globa
 END_TIMERS = [_LONG_MAX - 64 + i for i in range(END_PHASES)]
 
 
-def _fault_hook(stage: str, count: int) -> None:
-    """Failure injection for recovery tests: FLINK_MEMORY_FAIL=stage:n[:marker-file] raises once at n."""
-    spec = os.environ.get("FLINK_MEMORY_FAIL")
+def _fault_hook(spec: str | None, stage: str, count: int) -> None:
+    """job.inject_failure = "stage:n:marker": raise once at activation n of stage (see config.py)."""
     if not spec:
         return
-    parts = spec.split(":")
-    if parts[0] != stage or count != int(parts[1]):
+    name, at, marker = spec.split(":", 2)
+    if name != stage or count != int(at) or os.path.exists(marker):
         return
-    marker = parts[2] if len(parts) > 2 else None
-    if marker:
-        if os.path.exists(marker):
-            return
-        with open(marker, "w") as handle:
-            handle.write(stage)
-    raise RuntimeError(f"injected failure in {stage} at element {count}")
+    with open(marker, "w") as handle:
+        handle.write(stage)
+    raise RuntimeError(f"injected failure in {stage} at activation {count}")
 
 
 class ParseRecords(ProcessFunction):
@@ -101,7 +96,8 @@ class _Stage(KeyedProcessFunction):
         self.pool = CallPool(self.client, self.config.llm.max_concurrency)
         self.poll_ms = self.config.job.poll_interval_ms
         self.subtask, self.attempt = _task_identity(runtime_context)
-        self.elements = 0
+        self.activations = 0
+        self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
         self.m_calls = group.counter("llm_calls")
         self.m_failures = group.counter("llm_failures")
@@ -121,14 +117,14 @@ class _Stage(KeyedProcessFunction):
     def close(self) -> None:
         if getattr(self, "client", None) is not None:
             write_stats(self.output_dir, self.stage, self.subtask, self.attempt, self.client.stats.snapshot())
-            self.pool.close()
+            self.pool.close(self.config.journal.drain_on_close_s if self.config.journal.path else 0.0)
             self.client.close()
 
     # --- helpers -------------------------------------------------------------------------------------
 
-    def _count_element(self) -> None:
-        self.elements += 1
-        _fault_hook(self.stage, self.elements)
+    def _activation(self) -> None:
+        self.activations += 1
+        _fault_hook(self.config.job.inject_failure, self.stage, self.activations)
 
     def _arm_end(self, ctx: Any) -> None:
         if not self.end_armed.value():
@@ -149,6 +145,8 @@ class _Stage(KeyedProcessFunction):
             else:
                 self.m_calls.inc()
                 self.m_latency.update(int(result.latency_s * 1000))
+                self.fresh_results += 1
+                _fault_hook(self.config.job.inject_failure, "call", self.fresh_results)
             self.m_prompt.inc(result.prompt_tokens)
             self.m_completion.inc(result.completion_tokens)
         if outcome.state == "failed":
@@ -223,13 +221,14 @@ class PlanChunks(_Stage):
         self.m_fallbacks = self.metrics.counter("plan_fallbacks")
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):
-        self._count_element()
+        self._activation()
         queue = _load(self.queue, [])
         queue.append({"payload": value[1], "job": None})
         self._arm_end(ctx)
         yield from self._drain(queue, ctx, block=False)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
+        self._activation()
         phase = self._end_phase(timestamp)
         queue = _load(self.queue, [])
         if phase is None:
@@ -393,7 +392,7 @@ class BatchSummaries(_Stage):
         self.m_units = self.metrics.counter("units_in")
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):
-        self._count_element()
+        self._activation()
         self.m_units.inc()
         unit = json.loads(value[1])
         buffer = BatchBuffer.from_state(_load(self.buffer, None))
@@ -408,6 +407,7 @@ class BatchSummaries(_Stage):
         yield from self._advance(pending, ctx, block=False)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
+        self._activation()
         phase = self._end_phase(timestamp)
         buffer = BatchBuffer.from_state(_load(self.buffer, None))
         pending = _load(self.pending, {"next_seq": 1, "batches": []})
@@ -489,7 +489,7 @@ class MergeSummaries(_Stage):
         return [node.model_dump_json()] if node.kind in keep else []
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):
-        self._count_element()
+        self._activation()
         node = SummaryNode.model_validate_json(value[1])
         yield from self._emit_node(node)
         if not self.hierarchical:
@@ -501,6 +501,7 @@ class MergeSummaries(_Stage):
         yield from self._advance(tree, jobs, ctx, block=False, final=False)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
+        self._activation()
         if not self.hierarchical:
             return
         tree, jobs = self._load(ctx)

@@ -63,5 +63,11 @@ class CallPool:
             for request in requests:
                 self._futures.pop(request.digest, None)
 
-    def close(self) -> None:
+    def close(self, grace_s: float = 0.0) -> None:
+        """Cancel queued calls; give running ones `grace_s` to finish, so their results reach the journal
+        (an operator closing on failure or cancel then does not pay for them again after the restart)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            running = [f for f in self._futures.values() if not f.done()]
+        if running and grace_s > 0:
+            wait(running, timeout=grace_s)

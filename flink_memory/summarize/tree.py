@@ -33,7 +33,7 @@ class MergeStart:
 class SummaryTree:
     agent_id: str
     levels: list[list[dict[str, Any]]] = field(default_factory=list)
-    merges_started: int = 0
+    merges_per_level: list[int] = field(default_factory=list)  # node ids count per level: deterministic
     global_version: int = 0
     global_children: list[str] = field(default_factory=list)
 
@@ -79,8 +79,10 @@ class SummaryTree:
             if not ready or not group:
                 return started
             del slots[: len(group)]
-            self.merges_started += 1
-            node_id = f"merge-L{level + 1}-{self.merges_started:06d}"
+            while len(self.merges_per_level) < level + 1:
+                self.merges_per_level.append(0)
+            self.merges_per_level[level] += 1
+            node_id = f"merge-L{level + 1}-{self.merges_per_level[level]:06d}"
             self._level(level + 1).append({"node": None, "job": node_id})
             started.append(MergeStart(node_id=node_id, level=level + 1, children=group))
 
@@ -114,7 +116,7 @@ class SummaryTree:
         return {
             "agent_id": self.agent_id,
             "levels": self.levels,
-            "merges_started": self.merges_started,
+            "merges_per_level": self.merges_per_level,
             "global_version": self.global_version,
             "global_children": self.global_children,
         }

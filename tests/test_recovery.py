@@ -1,0 +1,90 @@
+"""Failures mid-stream on the MiniCluster: each operator fails once, the job restarts from its checkpoint, and
+the output equals a run without failure. The replay journal makes the repeated provider calls zero."""
+
+import json
+from collections import Counter
+
+import pytest
+from jobkit import batch_units, check_tree, conversation, items, run, topic_planner
+from scripted_server import ScriptedServer
+
+from flink_memory.cli import latest_globals
+
+pytestmark = pytest.mark.slow
+
+SETTINGS = ("batching.max_items=5", "summarization.fan_in=3", "chunking.max_chunk_tokens=400",
+            "llm.max_concurrency=2", "checkpointing.interval_s=1", "checkpointing.restart_backoff_s=0.2")
+# Activation (element or timer) or fresh-result counts at which each stage fails: late enough that
+# checkpoints have completed, early enough that the stage still has work.
+FAILURES = {"planner": 40, "batcher": 60, "call": 8, "merger": 12}
+
+
+def workload():
+    records = []
+    for k, item in enumerate(items(agents=2, per_agent=24)):
+        if k % 16 < 2:  # a conversation to plan before every eighth item of each agent
+            records.append(conversation(item["agent_id"], f"{item['agent_id'][-1]}x{k}"))
+        records.append(item)
+    return records + ["not json", json.dumps({"agent_id": "agent-0", "id": "no-content"})]
+
+
+def slow_script(body):
+    reply = topic_planner(body)
+    reply.delay_s = 0.3 if "response_format" in body else 0.1
+    return reply
+
+
+def shape(out):
+    """What must not depend on failures: tree nodes (globals by their latest version), manifests, dead letters."""
+    nodes = sorted((n["agent_id"], n["node_id"], n["kind"], tuple(n["children"]), n["text"])
+                   for n in out["summaries"] if n["kind"] != "global")
+    globals_ = {a: (g["item_count"], tuple(g["children"])) for a, g in latest_globals(out["summaries"]).items()}
+    manifests = sorted((m["source_id"], m["plan_digest"]) for m in out["manifests"])
+    dead = sorted(d["raw"] for d in out["dead-letters"])
+    return nodes, globals_, manifests, dead
+
+
+def repeated(server):
+    counts = Counter(json.dumps(body, sort_keys=True) for body in server.requests)
+    return sum(n - 1 for n in counts.values())
+
+
+@pytest.fixture(scope="module")
+def baseline(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("baseline")
+    with ScriptedServer(slow_script) as server:
+        out = run(tmp, workload(), server.base_url, *SETTINGS, name="baseline")
+        assert repeated(server) == 0
+        return out, server.count()
+
+
+def check_like_baseline(out, baseline_out):
+    nodes = [n for n in out["summaries"]]
+    check_tree(nodes)
+    assert len(out["manifests"]) == len({m["source_id"] for m in out["manifests"]})
+    assert batch_units(out["summaries"]) == batch_units(baseline_out["summaries"])
+    assert shape(out) == shape(baseline_out)
+
+
+@pytest.mark.parametrize("stage", list(FAILURES))
+def test_failure_in_each_stage_with_journal_repeats_no_call(tmp_path, baseline, stage):
+    marker = tmp_path / "failed"
+    with ScriptedServer(slow_script) as server:
+        out = run(tmp_path, workload(), server.base_url, *SETTINGS,
+                  f"job.inject_failure={stage}:{FAILURES[stage]}:{marker}", journal=tmp_path / "journal.sqlite")
+        assert marker.exists(), "the injected failure did not fire"
+        assert repeated(server) == 0
+        assert server.count() == baseline[1]
+    check_like_baseline(out, baseline[0])
+
+
+def test_failure_without_journal_repeats_calls_but_not_output(tmp_path, baseline, capsys):
+    marker = tmp_path / "failed"
+    with ScriptedServer(slow_script) as server:
+        out = run(tmp_path, workload(), server.base_url, *SETTINGS,
+                  f"job.inject_failure=batcher:{FAILURES['batcher']}:{marker}")
+        assert marker.exists()
+        again = repeated(server)
+    check_like_baseline(out, baseline[0])
+    with capsys.disabled():
+        print(f"\n[recovery] batcher failure without journal: {again} repeated calls of {baseline[1]}")
