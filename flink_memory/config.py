@@ -93,6 +93,7 @@ class JobConfig(_Section):
     execution_mode: Literal["process", "thread"] = "process"
     bundle_size: int = Field(100, ge=1)
     bundle_time_ms: int = Field(100, ge=1)
+    share_python_worker: bool = False
     poll_interval_ms: int = Field(50, ge=5)
     # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
     # (element or timer), or "call:n:..." at the n-th fresh LLM result; once, while the marker file is absent.

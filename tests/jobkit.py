@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import time
 from collections import Counter
@@ -14,6 +15,10 @@ from scripted_server import Reply, default_script
 from flink_memory.cli import latest_globals, read_outputs
 from flink_memory.config import load_config
 from flink_memory.flink.pipeline import build_job
+
+# The environment before any local job ran: PyFlink's loopback workers mark the test process as a Python
+# worker (PYFLINK_GATEWAY_DISABLED, ...), which would stop a child process from starting its own gateway.
+PRISTINE_ENV = dict(os.environ)
 
 
 def write_lines(path: Path, records: list[Any]) -> Path:
@@ -46,8 +51,21 @@ def run(tmp: Path, records: list[Any], server_url: str, *overrides: str, journal
     input_path = write_lines(tmp / f"{name}-input" / "part-0.jsonl", records)
     output = tmp / f"{name}-output"
     config = config_for(server_url, *overrides, journal=journal)
-    build_job(config, str(input_path), str(output)).execute(name)
+    execute(build_job(config, str(input_path), str(output)), name)
     return read_outputs(str(output))
+
+
+def execute(env: Any, name: str, timeout_s: float = 600.0) -> None:
+    """Run a job to its end, but never hang a test run: cancel and fail after `timeout_s`."""
+    client = env.execute_async(name)
+    result = client.get_job_execution_result()
+    deadline = time.monotonic() + timeout_s
+    while not result.done():
+        if time.monotonic() > deadline:
+            client.cancel()
+            raise AssertionError(f"job {name} did not finish in {timeout_s} s")
+        time.sleep(0.2)
+    result.result()  # raises if the job failed
 
 
 def expected_units(records: list[Any]) -> Counter:
@@ -111,3 +129,10 @@ def topic_planner(body: dict[str, Any]) -> Reply:
         return default_script(body)
     last = int(re.search(r"to (\d+):", body["messages"][1]["content"]).group(1))
     return Reply(text=json.dumps({"ends": list(range(1, last, 3)) + [last]}))
+
+
+def slow_script(body: dict[str, Any]) -> Reply:
+    """The topic planner with provider latency: planner calls 0.3 s, summaries 0.1 s."""
+    reply = topic_planner(body)
+    reply.delay_s = 0.3 if is_planner_request(body) else 0.1
+    return reply

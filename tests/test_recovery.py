@@ -2,13 +2,16 @@
 the output equals a run without failure. The replay journal makes the repeated provider calls zero."""
 
 import json
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 
 import pytest
-from jobkit import batch_units, check_tree, conversation, items, run, topic_planner
+from jobkit import PRISTINE_ENV, batch_units, check_tree, conversation, items, run, slow_script, write_lines
 from scripted_server import ScriptedServer
 
-from flink_memory.cli import latest_globals
+from flink_memory.cli import latest_globals, read_outputs
 
 pytestmark = pytest.mark.slow
 
@@ -26,12 +29,6 @@ def workload():
             records.append(conversation(item["agent_id"], f"{item['agent_id'][-1]}x{k}"))
         records.append(item)
     return records + ["not json", json.dumps({"agent_id": "agent-0", "id": "no-content"})]
-
-
-def slow_script(body):
-    reply = topic_planner(body)
-    reply.delay_s = 0.3 if "response_format" in body else 0.1
-    return reply
 
 
 def shape(out):
@@ -88,3 +85,41 @@ def test_failure_without_journal_repeats_calls_but_not_output(tmp_path, baseline
     check_like_baseline(out, baseline[0])
     with capsys.disabled():
         print(f"\n[recovery] batcher failure without journal: {again} repeated calls of {baseline[1]}")
+
+
+
+def cli_run(input_path, output, server, journal, *overrides, args=()):
+    """`flink-memory run` in a new process; returns its exit code and what it printed."""
+    settings = ["llm.provider=openai", f"llm.base_url={server.base_url}", "llm.max_retries=2",
+                "llm.retry_backoff_s=0.2", "job.poll_interval_ms=20", f"journal.path={journal}", *SETTINGS, *overrides]
+    command = [sys.executable, "-m", "flink_memory.cli", "run", "--input", str(input_path), "--output", str(output),
+               *args]
+    for setting in settings:
+        command += ["--set", setting]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=PRISTINE_ENV)
+    return done.returncode, (done.stdout + done.stderr)[-3000:]
+
+
+def latest_checkpoint(output):
+    found = [p.parent for p in Path(output, "_checkpoints").glob("*/chk-*/_metadata")]
+    assert found, "no retained checkpoint"
+    return max(found, key=lambda p: int(p.name.split("-")[1]))
+
+
+def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline):
+    """The first process fails for good (no restarts); a second one resumes from its last checkpoint."""
+    input_path = write_lines(tmp_path / "input" / "part-0.jsonl", workload())
+    output, journal, marker = tmp_path / "output", tmp_path / "journal.sqlite", tmp_path / "failed"
+    with ScriptedServer(slow_script) as server:
+        # fail at the 24th of 46 fresh results: checkpoints have completed, and half the work is left
+        code, log = cli_run(input_path, output, server, journal, "checkpointing.restart_attempts=0",
+                            f"job.inject_failure=call:24:{marker}")
+        assert code != 0 and marker.exists(), log
+        before = server.count()
+        code, log = cli_run(input_path, output, server, journal, args=("--restore", str(latest_checkpoint(output))))
+        assert code == 0, log
+        assert "flink-memory run finished" in log
+        assert repeated(server) == 0
+        assert server.count() == baseline[1]
+    assert 0 < before < baseline[1]
+    check_like_baseline(read_outputs(str(output)), baseline[0])

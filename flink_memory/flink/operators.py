@@ -108,7 +108,6 @@ class _Stage(KeyedProcessFunction):
         self.m_latency = group.distribution("llm_latency_ms")
         group.gauge("llm_in_flight", lambda: self.pool.in_flight())
         self.metrics = group
-        self.end_armed = runtime_context.get_state(ValueStateDescriptor("end_armed", Types.BOOLEAN()))
         self.open_state(runtime_context)
 
     def open_state(self, runtime_context: RuntimeContext) -> None:
@@ -127,10 +126,13 @@ class _Stage(KeyedProcessFunction):
         _fault_hook(self.config.job.inject_failure, self.stage, self.activations)
 
     def _arm_end(self, ctx: Any) -> None:
-        if not self.end_armed.value():
-            for ts in END_TIMERS:
-                ctx.timer_service().register_event_time_timer(ts)
-            self.end_armed.update(True)
+        """(Re-)register the end-of-input timers on every activation; Flink keeps one timer per key and time.
+
+        Not remembered in keyed state or in memory: a key restored from a checkpoint re-arms on its first
+        activation whatever the restore brought back, and nothing grows with the number of agents.
+        """
+        for ts in END_TIMERS:
+            ctx.timer_service().register_event_time_timer(ts)
 
     def _poll_later(self, ctx: Any, at_ms: int | None = None) -> None:
         now = ctx.timer_service().current_processing_time()
@@ -232,6 +234,7 @@ class PlanChunks(_Stage):
         phase = self._end_phase(timestamp)
         queue = _load(self.queue, [])
         if phase is None:
+            self._arm_end(ctx)
             yield from self._drain(queue, ctx, block=False)
         else:
             yield from self._drain(queue, ctx, block=phase == END_PHASES - 1, wait_once=phase > 0)
@@ -409,6 +412,8 @@ class BatchSummaries(_Stage):
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
         self._activation()
         phase = self._end_phase(timestamp)
+        if phase is None:
+            self._arm_end(ctx)
         buffer = BatchBuffer.from_state(_load(self.buffer, None))
         pending = _load(self.pending, {"next_seq": 1, "batches": []})
         now = ctx.timer_service().current_processing_time()
@@ -507,6 +512,7 @@ class MergeSummaries(_Stage):
         tree, jobs = self._load(ctx)
         phase = self._end_phase(timestamp)
         if phase is None:
+            self._arm_end(ctx)
             yield from self._advance(tree, jobs, ctx, block=False, final=False)
         else:
             yield from self._advance(tree, jobs, ctx, block=phase == END_PHASES - 1, wait_once=phase > 0,

@@ -63,13 +63,16 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
     if rest_port is not None:  # local runs: the CLI reads progress from the MiniCluster's REST API
         conf.set_string("rest.bind-address", "127.0.0.1")
         conf.set_string("rest.bind-port", str(rest_port))
-    conf.set_string("python.executable", sys.executable)
-    conf.set_string("python.client.executable", sys.executable)
+    submitted = "PYFLINK_GATEWAY_PORT" in os.environ  # started by `flink run -py`: its -pyexec decides
+    if not submitted:
+        conf.set_string("python.executable", sys.executable)
+        conf.set_string("python.client.executable", sys.executable)
     conf.set_string("python.execution-mode", config.job.execution_mode)
-    if config.job.execution_mode == "thread":
+    if config.job.execution_mode == "thread" and not submitted:
         paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
         paths.append(str(Path(__file__).resolve().parents[2]))
         conf.set_string("python.pythonpath", os.pathsep.join(paths))
+    conf.set_string("python.fn-execution.memory.managed", str(config.job.share_python_worker).lower())
     conf.set_string("python.fn-execution.bundle.size", str(config.job.bundle_size))
     conf.set_string("python.fn-execution.bundle.time", str(config.job.bundle_time_ms))
     conf.set_string("parallelism.default", str(config.job.parallelism))
@@ -84,11 +87,15 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
             if "://" not in directory:
                 directory = Path(directory).resolve().as_uri()
             conf.set_string("execution.checkpointing.dir", directory)
-    conf.set_string("restart-strategy.type", "exponential-delay")
-    conf.set_string("restart-strategy.exponential-delay.initial-backoff", f"{int(config.checkpointing.restart_backoff_s * 1000)} ms")
-    conf.set_string("restart-strategy.exponential-delay.max-backoff", "60 s")
-    conf.set_string("restart-strategy.exponential-delay.attempts-before-reset-backoff",
-                    str(config.checkpointing.restart_attempts))
+    if config.checkpointing.restart_attempts == 0:  # Flink's exponential-delay strategy needs at least one
+        conf.set_string("restart-strategy.type", "none")
+    else:
+        conf.set_string("restart-strategy.type", "exponential-delay")
+        conf.set_string("restart-strategy.exponential-delay.initial-backoff",
+                        f"{int(config.checkpointing.restart_backoff_s * 1000)} ms")
+        conf.set_string("restart-strategy.exponential-delay.max-backoff", "60 s")
+        conf.set_string("restart-strategy.exponential-delay.attempts-before-reset-backoff",
+                        str(config.checkpointing.restart_attempts))
     if restore:
         conf.set_string("execution.state-recovery.path", restore if "://" in restore else Path(restore).resolve().as_uri())
     return conf

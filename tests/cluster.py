@@ -1,0 +1,184 @@
+"""A real standalone Flink cluster from the apache-flink wheel's bin/ scripts, on localhost, for tests.
+
+A JobManager and N TaskManagers (one slot each) with their own conf, log and pid folders under a temp
+directory; `flink run -py` submits to it. `stop()` kills everything it started, also after a failure.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pyflink
+import yaml
+from jobkit import PRISTINE_ENV
+
+FLINK_HOME = Path(pyflink.__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    *parents, leaf = dotted.split(".")
+    for part in parents:
+        tree = tree.setdefault(part, {})
+    tree[leaf] = value
+
+
+class StandaloneCluster:
+    def __init__(self, workdir: Path, taskmanagers: int = 2) -> None:
+        self.workdir = workdir
+        self.taskmanagers = taskmanagers
+        self.conf_dir = workdir / "conf"
+        self.log_dir = workdir / "log"
+        self.pid_dir = workdir / "pid"
+        self.rest_port = free_port()
+        self.env = dict(PRISTINE_ENV, FLINK_HOME=str(FLINK_HOME), FLINK_CONF_DIR=str(self.conf_dir),
+                        FLINK_LOG_DIR=str(self.log_dir), FLINK_PID_DIR=str(self.pid_dir))
+        self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
+
+    # --- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> StandaloneCluster:
+        for folder in (self.conf_dir, self.log_dir, self.pid_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        for item in (FLINK_HOME / "conf").iterdir():
+            if item.is_file():
+                shutil.copy(item, self.conf_dir / item.name)
+        conf = yaml.safe_load((FLINK_HOME / "conf" / "config.yaml").read_text())
+        settings = {
+            "jobmanager.rpc.port": free_port(),
+            "jobmanager.memory.process.size": "1024m",
+            "taskmanager.memory.process.size": "1600m",
+            "taskmanager.numberOfTaskSlots": 1,
+            "rest.port": self.rest_port,
+            "rest.address": "localhost",
+            "rest.bind-address": "localhost",
+            "blob.server.port": free_port(),
+            "taskmanager.rpc.port": "0",
+            "taskmanager.data.port": "0",
+            # a killed TaskManager is noticed within seconds, not the default 50
+            "heartbeat.interval": "1000",
+            "heartbeat.timeout": "5000",
+            "python.executable": sys.executable,
+            "python.client.executable": sys.executable,
+            "parallelism.default": self.taskmanagers,
+        }
+        for key, value in settings.items():
+            _set(conf, key, value)
+        (self.conf_dir / "config.yaml").write_text(yaml.safe_dump(conf))
+        self._script("jobmanager.sh", "start")
+        for _ in range(self.taskmanagers):
+            self.start_taskmanager()
+        self.wait_for_taskmanagers(self.taskmanagers)
+        return self
+
+    def stop(self) -> None:
+        for name in ("taskmanager.sh", "jobmanager.sh"):
+            try:
+                self._script(name, "stop-all", timeout=60)
+            except (subprocess.SubprocessError, OSError):
+                pass
+        for pid in self._pids("taskexecutor") + self._pids("standalonesession"):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+    def __enter__(self) -> StandaloneCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start_taskmanager(self) -> None:
+        self._script("taskmanager.sh", "start")
+
+    def kill_taskmanager(self) -> int:
+        """kill -9 the newest TaskManager; returns its pid."""
+        pid = self._pids("taskexecutor")[-1]
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    # --- jobs ------------------------------------------------------------------------------------------
+
+    def submit(self, script: Path, *args: str) -> str:
+        """`flink run -d -py` with the venv as the workers' Python; returns the job id."""
+        command = [str(FLINK_HOME / "bin" / "flink"), "run", "--jobmanager", f"localhost:{self.rest_port}", "-d",
+                   "--python", str(script), "--pyExecutable", sys.executable, "--pyClientExecutable", sys.executable,
+                   *args]
+        done = subprocess.run(command, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        output = done.stdout + done.stderr
+        for line in output.splitlines():
+            if "JobID" in line:
+                return line.rsplit(" ", 1)[-1].strip()
+        raise AssertionError(f"flink run failed ({done.returncode}):\n{output[-4000:]}")
+
+    def rest(self, path: str) -> Any:
+        with urllib.request.urlopen(f"http://localhost:{self.rest_port}{path}", timeout=5) as response:
+            return json.loads(response.read())
+
+    def job_state(self, job_id: str) -> str:
+        return str(self.rest(f"/jobs/{job_id}")["state"])
+
+    def wait_for_job(self, job_id: str, timeout_s: float = 600) -> str:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            state = self.job_state(job_id)
+            if state in ("FINISHED", "FAILED", "CANCELED"):
+                return state
+            time.sleep(1)
+        raise AssertionError(f"job {job_id} still {self.job_state(job_id)} after {timeout_s} s\n{self.logs()}")
+
+    def restarts(self, job_id: str) -> int:
+        """Restarts the JobManager records for the job (from its exceptions history)."""
+        history = self.rest(f"/jobs/{job_id}/exceptions").get("exceptionHistory", {}).get("entries", [])
+        return len(history)
+
+    def wait_for_taskmanagers(self, count: int, timeout_s: float = 120) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            try:
+                if len(self.rest("/taskmanagers")["taskmanagers"]) >= count:
+                    return
+            except OSError:
+                pass
+            time.sleep(0.5)
+        raise AssertionError(f"{count} TaskManagers did not register in {timeout_s} s\n{self.logs()}")
+
+    def logs(self, tail: int = 60) -> str:
+        out = []
+        for path in sorted(self.log_dir.glob("*.log")):
+            lines = path.read_text(errors="replace").splitlines()[-tail:]
+            out.append(f"--- {path.name}\n" + "\n".join(lines))
+        return "\n".join(out)
+
+    # --- internals -------------------------------------------------------------------------------------
+
+    def _script(self, name: str, *args: str, timeout: float = 120) -> None:
+        subprocess.run([str(FLINK_HOME / "bin" / name), *args], env=self.env, check=True, timeout=timeout,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def _pids(self, daemon: str) -> list[int]:
+        pids: list[int] = []
+        for path in self.pid_dir.glob(f"*{daemon}*.pid"):
+            pids.extend(int(line) for line in path.read_text().split() if line.strip().isdigit())
+        return pids

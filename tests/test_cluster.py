@@ -1,0 +1,144 @@
+"""The job on a real standalone cluster (JobManager + two TaskManagers from the apache-flink wheel),
+submitted with `flink run -py`: once against `flink-memory serve-llm` (the docker-compose topology without
+Docker), once with a TaskManager killed by SIGKILL mid-job."""
+
+import json
+import subprocess
+import sys
+import time
+from collections import Counter
+
+import pytest
+from cluster import ROOT, StandaloneCluster, free_port
+from jobkit import (
+    PRISTINE_ENV,
+    batch_units,
+    check_tree,
+    conversation,
+    items,
+    slow_script,
+    wait_for,
+    write_lines,
+)
+from scripted_server import ScriptedServer
+
+from flink_memory.cli import latest_globals, read_outputs
+from flink_memory.records import ChunkManifest, DeadLetter, SummaryNode
+
+pytestmark = pytest.mark.slow
+
+JOB = ROOT / "jobs" / "memory_summarization.py"
+
+
+def units_from(records, manifests):
+    """Expected memory units: chunks of every manifest, and each short text item itself."""
+    chunked = {(m["agent_id"], m["source_id"]) for m in manifests}
+    units = Counter((m["agent_id"], f"{m['source_id']}#{c['index']}") for m in manifests for c in m["chunks"])
+    for record in records:
+        if isinstance(record, dict) and (record["agent_id"], record["id"]) not in chunked:
+            units[(record["agent_id"], record["id"])] += 1
+    return units
+
+
+def per_agent(units):
+    return Counter(agent for agent, _ in units.elements())
+
+
+def test_submit_to_a_standalone_cluster_with_the_served_model(tmp_path):
+    records = items(agents=2, per_agent=4, words=2)
+    input_path = write_lines(tmp_path / "input" / "part-0.jsonl", records + ["{broken"])
+    output = tmp_path / "output"
+    port = free_port()
+    llm_log = (tmp_path / "serve-llm.log").open("w")
+    llm = subprocess.Popen([sys.executable, "-m", "flink_memory.cli", "serve-llm", "--port", str(port),
+                            "--context-window", "4096", "--parallel", "2"],
+                           stdout=llm_log, stderr=subprocess.STDOUT, env=PRISTINE_ENV)
+    try:
+        wait_for(lambda: _answers(f"http://127.0.0.1:{port}/v1/models"), timeout_s=120)
+        with StandaloneCluster(tmp_path / "cluster") as cluster:
+            job_id = cluster.submit(JOB, "--input", str(input_path), "--output", str(output), "--parallelism", "2",
+                                    "--set", "llm.provider=openai", "--set", f"llm.base_url=http://127.0.0.1:{port}/v1",
+                                    "--set", "llm.context_window=2048", "--set", "llm.max_output_tokens=64",
+                                    "--set", "batching.max_items=2", "--set", "summarization.fan_in=2",
+                                    "--set", f"journal.path={tmp_path / 'journal.sqlite'}")
+            assert cluster.wait_for_job(job_id) == "FINISHED", cluster.logs()
+            vertices = cluster.rest(f"/jobs/{job_id}")["vertices"]
+            assert {v["parallelism"] for v in vertices if "merger" in v["name"]} == {2}
+    finally:
+        llm.terminate()
+        llm.wait(timeout=30)
+        llm_log.close()
+    out = read_outputs(str(output))
+    nodes = [SummaryNode.model_validate(n).model_dump(mode="json") for n in out["summaries"]]
+    assert batch_units(nodes) == units_from(records, [])
+    check_tree(nodes, per_agent(units_from(records, [])))
+    assert all(n["text"].strip() and n["completion_tokens"] > 0 for n in nodes if n["kind"] != "global")
+    (dead,) = [DeadLetter.model_validate(d) for d in out["dead-letters"]]
+    assert dead.raw == "{broken" and dead.stage == "parse"
+
+
+def _answers(url):
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=2):
+            return True
+    except OSError:
+        return False
+
+
+def test_taskmanager_killed_mid_job_recovers_with_no_repeated_calls(tmp_path):
+    records = []
+    for k, item in enumerate(items(agents=4, per_agent=20)):
+        if k % 20 < 2:
+            records.append(conversation(item["agent_id"], f"{item['agent_id'][-1]}x{k}"))
+        records.append(item)
+    bad = ["not json", json.dumps({"agent_id": "agent-0", "id": "no-content"})]
+    input_path = write_lines(tmp_path / "input" / "part-0.jsonl", records + bad)
+    output = tmp_path / "output"
+    with ScriptedServer(slow_script) as server, StandaloneCluster(tmp_path / "cluster") as cluster:
+        job_id = cluster.submit(JOB, "--input", str(input_path), "--output", str(output), "--parallelism", "2",
+                                "--set", "llm.provider=openai", "--set", f"llm.base_url={server.base_url}",
+                                "--set", "llm.max_retries=2", "--set", "llm.retry_backoff_s=0.2",
+                                "--set", "batching.max_items=5", "--set", "summarization.fan_in=3",
+                                "--set", "chunking.max_chunk_tokens=400", "--set", "llm.max_concurrency=2",
+                                "--set", "checkpointing.interval_s=1", "--set", "checkpointing.restart_backoff_s=0.5",
+                                "--set", "job.poll_interval_ms=20",
+                                "--set", f"journal.path={tmp_path / 'journal.sqlite'}")
+        wait_for(lambda: server.count() >= 15 and _completed_checkpoints(cluster, job_id) >= 1, timeout_s=300)
+        killed_at = time.monotonic()
+        cluster.kill_taskmanager()
+        cluster.start_taskmanager()
+        assert cluster.wait_for_job(job_id) == "FINISHED", cluster.logs()
+        assert cluster.restarts(job_id) >= 1, "the kill did not make the job restart"
+        spans = list(server.spans)
+    out = read_outputs(str(output))
+    nodes = [SummaryNode.model_validate(n).model_dump(mode="json") for n in out["summaries"]]
+    manifests = [ChunkManifest.model_validate(m).model_dump(mode="json") for m in out["manifests"]]
+    assert len(manifests) == len({(m["agent_id"], m["source_id"]) for m in manifests}) == 8
+    units = units_from(records, manifests)
+    assert batch_units(nodes) == units  # every unit exactly once, nothing duplicated by the replay
+    check_tree(nodes, per_agent(units))
+    assert set(latest_globals(nodes)) == {f"agent-{a}" for a in range(4)}
+    assert sorted(d["raw"] for d in out["dead-letters"]) == sorted(bad)
+    # A call is repeated only if its first answer never reached a live process: it was in flight at the kill.
+    first: dict[str, tuple[float, float]] = {}
+    repeated = []
+    for start, end, body in sorted(spans, key=lambda s: s[0]):
+        key = json.dumps(body, sort_keys=True)
+        if key in first:
+            repeated.append(first[key])
+        else:
+            first[key] = (start, end)
+    completed_before_kill = [s for s in repeated if s[1] < killed_at - 0.5]
+    assert completed_before_kill == [], f"{len(completed_before_kill)} finished calls were paid for twice"
+    print(f"\n[cluster] TaskManager killed: {len(spans)} calls, {len(repeated)} repeated "
+          f"(all in flight at the kill)")
+
+
+def _completed_checkpoints(cluster, job_id):
+    try:
+        return int(cluster.rest(f"/jobs/{job_id}/checkpoints")["counts"]["completed"])
+    except (OSError, KeyError):
+        return 0
+
