@@ -25,3 +25,30 @@ def test_throughput_benchmark_smallest_size(tmp_path):
         assert 0 < case["ratio_to_ideal"] <= 1.0
     assert results["concurrency_1"]["max_in_flight"] >= 1
     assert results["overhead"]["items"] == 80 and results["overhead"]["ratio"] > 0
+
+
+def test_strategy_benchmark_smallest_sizes(tmp_path):
+    import strategies
+
+    out = tmp_path / "strategies"
+    assert strategies.main(["--sizes", "10", "60", "--agents", "2", "--max-items", "4", "--fan-in", "8",
+                            "--latency", "0", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    rows = {(r["items_per_agent"], r["strategy"]): r for r in results["rows"]}
+    window = results["context_window"]
+    # single-pass: one call per agent while it fits; shown failing (no call) once the request overflows
+    assert rows[(10, "single_pass")]["calls"] == 2 and not rows[(10, "single_pass")]["failed"]
+    overflow = rows[(60, "single_pass")]
+    assert overflow["failed"] and overflow["calls"] == 0 and overflow["largest_request"] > window
+    assert "exceeds the context window" in overflow["failure"]
+    for size, batches in ((10, 3), (60, 15)):  # ceil(size / 4) batches per agent
+        batched, tree = rows[(size, "batched")], rows[(size, "hierarchical")]
+        assert batched["calls"] == 2 * batches
+        merges = tree["merges"]
+        assert merges == 2 * (batches // 8)  # full groups of fan_in=8 at level 1, one level here
+        # the hierarchical tree: the batch calls, its merges, and one global call per agent
+        assert tree["calls"] == batched["calls"] + merges + 2
+        for row in (batched, tree):
+            assert row["largest_request"] <= window and not row["failed"] and 0 < row["retention"] <= 1
+    assert (out / "results.md").read_text().count("| 60 |") == 3
+    assert (out / "cost_vs_items.png").stat().st_size > 1000 and (out / "retention_vs_items.png").exists()

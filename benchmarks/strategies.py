@@ -1,0 +1,246 @@
+"""Memory strategies compared on the same data and the same provider: cost, request size, fact retention.
+
+- single-pass: all of an agent's items in one request (what Apache Flink Agents' compaction did). Once
+  the request would exceed the context window it is not sent and the strategy is reported as failed.
+- batched: the flink-memory job with `summarization.depth: single` (batch summaries, no tree).
+- hierarchical: the flink-memory job as shipped (batch summaries merged into a global summary per agent).
+
+Each item plants facts (a name, an amount, a date); retention is the share of planted facts still present
+in the strategy's final summaries (the global summary, the batch summaries, or the single-pass answer).
+Providers: `scripted` (a fact-keeping stand-in with fixed latency, CI-sized), `embedded` (the bundled
+SmolLM2 on this CPU), or `--base-url URL` for any OpenAI-compatible endpoint.
+
+    python benchmarks/strategies.py --sizes 100 1000 10000 --out out/bench-strategies
+    python benchmarks/strategies.py --provider embedded --sizes 20 --agents 1 --out out/bench-embedded
+
+Writes results.json, results.md and cost_vs_items.png / retention_vs_items.png into --out.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+
+from jobkit import execute, write_lines  # noqa: E402
+from scripted_server import ScriptedServer  # noqa: E402
+
+from flink_memory.cli import latest_globals, read_outputs  # noqa: E402
+from flink_memory.config import SUMMARY_PROMPT_VERSION, load_config  # noqa: E402
+from flink_memory.flink.pipeline import build_job  # noqa: E402
+from flink_memory.llm.client import LLMCallError, LLMClient, RequestFactory  # noqa: E402
+from flink_memory.summarize.batching import unit_entry  # noqa: E402
+from flink_memory.summarize.prompts import element, messages_for  # noqa: E402
+from flink_memory.tokens import RequestTooLarge, estimate_messages  # noqa: E402
+
+STRATEGIES = ("single_pass", "batched", "hierarchical")
+SYLLABLES = ["ka", "to", "mi", "rel", "an", "so", "vi", "da", "lor", "en", "ti", "ba", "nu", "qua", "ze"]
+ACTIONS = ["paid", "was refunded", "approved a budget of", "quoted", "invoiced"]
+
+
+def fact_name(rng: random.Random) -> str:
+    return "".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize()
+
+
+def dataset(agents: int, items_per_agent: int, seed: int = 7) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
+    """Items with planted facts, and the facts per agent."""
+    rng = random.Random(seed)
+    records, facts = [], {}
+    for a in range(agents):
+        agent = f"agent-{a}"
+        facts[agent] = []
+        for i in range(items_per_agent):
+            name, amount = fact_name(rng), str(rng.randint(1000, 99999))
+            date = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            text = (f"Note {i}: {name} {rng.choice(ACTIONS)} {amount} EUR on {date}; "
+                    f"the team discussed follow-ups and routine status updates.")
+            records.append({"agent_id": agent, "id": f"n{i}", "ts": f"{date}T12:00:00Z", "text": text})
+            facts[agent] += [name, amount, date]
+    return records, facts
+
+
+def retention(texts: list[str], facts: list[str]) -> float:
+    joined = "\n".join(texts)
+    return sum(1 for fact in facts if fact in joined) / len(facts) if facts else 0.0
+
+
+@contextmanager
+def provider(kind: str, base_url: str | None, latency_s: float, context_window: int) -> Iterator[tuple[str, Any]]:
+    """(base URL, scripted server or None) for the chosen provider."""
+    if base_url:
+        yield base_url, None
+    elif kind == "scripted":
+        with ScriptedServer(latency_s=latency_s) as server:
+            yield server.base_url, server
+    else:
+        from flink_memory.llm.embedded import EmbeddedServer
+
+        server = EmbeddedServer(context_window=context_window, parallel=2, threads=2)
+        try:
+            yield server.base_url + "/v1", None
+        finally:
+            server.close()
+
+
+def settings(base_url: str, args: argparse.Namespace) -> list[str]:
+    return ["llm.provider=openai", f"llm.base_url={base_url}", f"llm.model={args.model}",
+            f"llm.context_window={args.context_window}", f"llm.max_output_tokens={args.max_output_tokens}",
+            f"llm.max_concurrency={args.concurrency}", f"batching.max_items={args.max_items}",
+            f"summarization.fan_in={args.fan_in}", "journal.path=null", "checkpointing.interval_s=0",
+            "job.poll_interval_ms=20", "llm.timeout_s=900"]
+
+
+def single_pass(records: list[dict[str, Any]], facts: dict[str, list[str]], base_url: str,
+                args: argparse.Namespace) -> dict[str, Any]:
+    config = load_config(None, settings(base_url, args), environ={})
+    factory = RequestFactory.from_config(config.llm)
+    client = LLMClient(config.llm, base_url)
+    started = time.perf_counter()
+    answers, failures, largest = {}, [], 0
+    for agent in facts:
+        entries = [element(unit_entry({"unit_id": r["id"], "ts": r["ts"], "text": r["text"]}))
+                   for r in records if r["agent_id"] == agent]
+        messages = messages_for("batch", entries)
+        size = estimate_messages(messages) + config.llm.max_output_tokens
+        largest = max(largest, size)
+        try:
+            answers[agent] = client.complete(factory.build(messages, prompt_version=SUMMARY_PROMPT_VERSION)).text
+        except (RequestTooLarge, LLMCallError) as exc:
+            failures.append(f"{agent}: {exc}")
+    stats = client.stats.snapshot()
+    client.close()
+    kept = [retention([answers[a]], f) if a in answers else 0.0 for a, f in facts.items()]
+    return {"calls": int(stats.get("calls", 0)), "prompt_tokens": int(stats.get("prompt_tokens", 0)),
+            "completion_tokens": int(stats.get("completion_tokens", 0)), "largest_request": largest,
+            "wall_s": time.perf_counter() - started, "retention": sum(kept) / len(kept),
+            "failed": bool(failures), "failure": failures[0] if failures else None,
+            "summary_tokens": sum(len(t.split()) for t in answers.values())}
+
+
+def job_strategy(records: list[dict[str, Any]], facts: dict[str, list[str]], base_url: str,
+                 args: argparse.Namespace, depth: str, workdir: Path) -> dict[str, Any]:
+    input_path = write_lines(workdir / f"{depth}-input" / "part-0.jsonl", records)
+    output = workdir / f"{depth}-output"
+    config = load_config(None, settings(base_url, args) + [f"summarization.depth={depth}"], environ={})
+    started = time.perf_counter()
+    execute(build_job(config, str(input_path), str(output)), f"bench-{depth}", timeout_s=args.job_timeout_s)
+    wall = time.perf_counter() - started
+    nodes = read_outputs(str(output))["summaries"]
+    stats = [json.loads(p.read_text()) for p in (output / "_stats").glob("*.json")]
+    if depth == "hierarchical":
+        finals = {a: [n["text"]] for a, n in latest_globals(nodes).items()}
+    else:
+        finals = {a: [n["text"] for n in nodes if n["agent_id"] == a and n["kind"] == "batch"] for a in facts}
+    kept = [retention(finals.get(a, []), f) for a, f in facts.items()]
+    covered = sum(len(n["children"]) for n in nodes if n["kind"] == "batch")
+    if covered != len(records):
+        raise SystemExit(f"{depth}: {covered} of {len(records)} items in batch nodes")
+    return {"calls": int(sum(s.get("calls", 0) for s in stats)),
+            "prompt_tokens": int(sum(s.get("prompt_tokens", 0) for s in stats)),
+            "completion_tokens": int(sum(s.get("completion_tokens", 0) for s in stats)),
+            "largest_request": int(max(s.get("max_prompt_estimate", 0) for s in stats)) + args.max_output_tokens,
+            "wall_s": wall, "retention": sum(kept) / len(kept), "failed": False, "failure": None,
+            "summary_tokens": sum(len(t.split()) for texts in finals.values() for t in texts),
+            "merges": sum(1 for n in nodes if n["kind"] == "merge")}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    window = results["context_window"]
+    lines = [f"Provider: {results['provider']}, context window {window}, batch {results['max_items']}, "
+             f"fan-in {results['fan_in']}, {results['agents']} agent(s).", "",
+             "| items/agent | strategy | calls | prompt tokens | completion tokens | largest request / window "
+             "| retention | wall s | status |", "|---|---|---|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        status = "FAILED: " + row["failure"].split(": ", 1)[-1][:70] if row["failed"] else "ok"
+        lines.append(f"| {row['items_per_agent']} | {row['strategy']} | {row['calls']} | {row['prompt_tokens']} | "
+                     f"{row['completion_tokens']} | {row['largest_request'] / window:.2f} | "
+                     f"{row['retention']:.2f} | {row['wall_s']:.1f} | {status} |")
+    return "\n".join(lines) + "\n"
+
+
+def plots(results: dict[str, Any], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    made = []
+    for metric, label, name in (("prompt_tokens", "prompt tokens (all calls)", "cost_vs_items.png"),
+                                ("retention", "share of planted facts kept", "retention_vs_items.png")):
+        figure, axis = plt.subplots(figsize=(6, 4))
+        for strategy in STRATEGIES:
+            rows = [r for r in results["rows"] if r["strategy"] == strategy]
+            axis.plot([r["items_per_agent"] for r in rows], [r[metric] for r in rows], marker="o", label=strategy)
+            failed = [r for r in rows if r["failed"]]
+            if failed:
+                axis.scatter([r["items_per_agent"] for r in failed], [r[metric] for r in failed], marker="x",
+                             color="red", zorder=3, label=f"{strategy}: overflow" if strategy == "single_pass" else None)
+        axis.set_xscale("log")
+        axis.set_xlabel("items per agent")
+        axis.set_ylabel(label)
+        axis.set_title(f"{label} ({results['provider']})")
+        axis.grid(alpha=0.3)
+        axis.legend()
+        figure.tight_layout()
+        figure.savefig(out / name, dpi=100)
+        plt.close(figure)
+        made.append(out / name)
+    return made
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
+    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--provider", choices=["scripted", "embedded"], default="scripted")
+    parser.add_argument("--base-url", help="any OpenAI-compatible endpoint (overrides --provider)")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--latency", type=float, default=0.02, help="scripted provider latency per call (s)")
+    parser.add_argument("--context-window", type=int, default=8192)
+    parser.add_argument("--max-output-tokens", type=int, default=384)
+    parser.add_argument("--max-items", type=int, default=50)
+    parser.add_argument("--fan-in", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--job-timeout-s", type=float, default=3600)
+    parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench-strategies")
+    parser.add_argument("--no-plots", action="store_true")
+    args = parser.parse_args(argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results: dict[str, Any] = {"provider": args.base_url or args.provider, "context_window": args.context_window,
+                               "max_output_tokens": args.max_output_tokens, "max_items": args.max_items,
+                               "fan_in": args.fan_in, "agents": args.agents, "rows": []}
+    with provider(args.provider, args.base_url, args.latency, args.context_window) as (base_url, _server), \
+            tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            records, facts = dataset(args.agents, size)
+            runs = {"single_pass": lambda: single_pass(records, facts, base_url, args),
+                    "batched": lambda: job_strategy(records, facts, base_url, args, "single", Path(tmp) / str(size)),
+                    "hierarchical": lambda: job_strategy(records, facts, base_url, args, "hierarchical",
+                                                         Path(tmp) / str(size))}
+            for strategy in STRATEGIES:
+                row = {"items_per_agent": size, "strategy": strategy, **runs[strategy]()}
+                results["rows"].append(row)
+                print(f"[strategies] {size:>6} items/agent  {strategy:<12} calls {row['calls']:>5}  "
+                      f"prompt tokens {row['prompt_tokens']:>9}  largest/window "
+                      f"{row['largest_request'] / args.context_window:5.2f}  retention {row['retention']:.2f}  "
+                      f"{'FAILED (overflow)' if row['failed'] else 'ok'}", flush=True)
+    (args.out / "results.json").write_text(json.dumps(results, indent=2))
+    (args.out / "results.md").write_text(markdown(results))
+    if not args.no_plots:
+        plots(results, args.out)
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
