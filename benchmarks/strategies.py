@@ -223,12 +223,14 @@ def main(argv: list[str] | None = None) -> int:
             tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             records, facts = dataset(args.agents, size)
-            runs = {"single_pass": lambda: single_pass(records, facts, base_url, args),
-                    "batched": lambda: job_strategy(records, facts, base_url, args, "single", Path(tmp) / str(size)),
-                    "hierarchical": lambda: job_strategy(records, facts, base_url, args, "hierarchical",
-                                                         Path(tmp) / str(size))}
+            workdir = Path(tmp) / str(size)
             for strategy in STRATEGIES:
-                row = {"items_per_agent": size, "strategy": strategy, **runs[strategy]()}
+                if strategy == "single_pass":
+                    measured = single_pass(records, facts, base_url, args)
+                else:
+                    depth = "single" if strategy == "batched" else "hierarchical"
+                    measured = job_strategy(records, facts, base_url, args, depth, workdir)
+                row = {"items_per_agent": size, "strategy": strategy, **measured}
                 results["rows"].append(row)
                 print(f"[strategies] {size:>6} items/agent  {strategy:<12} calls {row['calls']:>5}  "
                       f"prompt tokens {row['prompt_tokens']:>9}  largest/window "

@@ -2,13 +2,26 @@
 the output equals a run without failure. The replay journal makes the repeated provider calls zero."""
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
-from jobkit import PRISTINE_ENV, batch_units, check_tree, conversation, items, run, slow_script, write_lines
+from jobkit import (
+    PRISTINE_ENV,
+    batch_units,
+    check_tree,
+    conversation,
+    items,
+    run,
+    slow_script,
+    wait_for,
+    write_lines,
+)
 from scripted_server import ScriptedServer
 
 from flink_memory.cli import latest_globals, read_outputs
@@ -88,42 +101,57 @@ def test_failure_without_journal_repeats_calls_but_not_output(tmp_path, baseline
 
 
 
-def cli_run(input_path, output, server, journal, *overrides, args=()):
-    """`flink-memory run` in a new process; returns its exit code and what it printed."""
+def cli_command(input_path, output, server, journal, *overrides, args=()):
     settings = ["llm.provider=openai", f"llm.base_url={server.base_url}", "llm.max_retries=2",
                 "llm.retry_backoff_s=0.2", "job.poll_interval_ms=20", f"journal.path={journal}", *SETTINGS, *overrides]
     command = [sys.executable, "-m", "flink_memory.cli", "run", "--input", str(input_path), "--output", str(output),
                *args]
     for setting in settings:
         command += ["--set", setting]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, env=PRISTINE_ENV)
-    return done.returncode, (done.stdout + done.stderr)[-3000:]
+    return command
 
 
 def latest_checkpoint(output):
     found = [p.parent for p in Path(output, "_checkpoints").glob("*/chk-*/_metadata")]
-    assert found, "no retained checkpoint"
-    return max(found, key=lambda p: int(p.name.split("-")[1]))
+    return max(found, key=lambda p: int(p.name.split("-")[1])) if found else None
 
 
 def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline):
-    """A job following a directory fails for good (no restarts) halfway; a new process restores its last
-    retained checkpoint, reads the same directory to its end and finishes the work: same output as a run
-    without failure, and no call made twice.
+    """A process running the job on a followed directory is killed (SIGKILL) after a checkpoint completed;
+    a new process restores that checkpoint, reads the same directory to its end and finishes the work: the
+    output of a run without failure, and only calls in flight at the kill are made again.
 
     The first job follows the directory because a bounded input that is read at once does its remaining
     work in the end-of-input phases, where no checkpoint can complete.
     """
     input_dir = write_lines(tmp_path / "input" / "part-0.jsonl", workload()).parent
-    output, journal, marker = tmp_path / "output", tmp_path / "journal.sqlite", tmp_path / "failed"
+    output, journal = tmp_path / "output", tmp_path / "journal.sqlite"
     with ScriptedServer(slow_script) as server:
-        code, log = cli_run(input_dir, output, server, journal, "checkpointing.restart_attempts=0",
-                            "batching.flush_after_s=600", f"job.inject_failure=call:15:{marker}", args=("--follow",))
-        assert code != 0 and marker.exists(), log
+        first = subprocess.Popen(cli_command(input_dir, output, server, journal, "batching.flush_after_s=600",
+                                             args=("--follow",)),
+                                 env=PRISTINE_ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        try:
+            wait_for(lambda: server.count() >= 12 and latest_checkpoint(output), timeout_s=240, every_s=0.1)
+            killed_at = time.monotonic()
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=60)
         before = server.count()
-        code, log = cli_run(input_dir, output, server, journal, args=("--restore", str(latest_checkpoint(output))))
-        assert code == 0, log
-        assert "flink-memory run finished" in log
-        assert repeated(server) == 0
-    assert 15 <= before < baseline[1]
+        checkpoint = latest_checkpoint(output)
+        done = subprocess.run(cli_command(input_dir, output, server, journal, args=("--restore", str(checkpoint))),
+                              env=PRISTINE_ENV, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+        assert "flink-memory run finished" in done.stdout
+        spans = list(server.spans)
+    assert 12 <= before < baseline[1]
+    first_seen: dict[str, tuple[float, float]] = {}
+    repeated_spans = []
+    for start, end, body in sorted(spans, key=lambda s: s[0]):
+        key = json.dumps(body, sort_keys=True)
+        if key in first_seen:
+            repeated_spans.append(first_seen[key])
+        else:
+            first_seen[key] = (start, end)
+    assert all(end >= killed_at - 0.5 for _, end in repeated_spans), "a finished call was paid for twice"
     check_like_baseline(read_outputs(str(output)), baseline[0])
