@@ -136,3 +136,39 @@ def slow_script(body: dict[str, Any]) -> Reply:
     reply = topic_planner(body)
     reply.delay_s = 0.3 if is_planner_request(body) else 0.1
     return reply
+
+
+def repeated_after_kill(spans: list[tuple[float, float, dict[str, Any]]], killed_at: float,
+                        slack_s: float = 0.5) -> tuple[int, int]:
+    """(repeated calls, repeated calls whose first answer had arrived before the kill).
+
+    After a process is killed, a request may come again only if its first answer never reached a live
+    process, i.e. the call was in flight at the kill; `slack_s` covers an answer being journaled."""
+    first: dict[str, tuple[float, float]] = {}
+    repeated = []
+    for start, end, body in sorted(spans, key=lambda s: s[0]):
+        key = json.dumps(body, sort_keys=True)
+        if key in first:
+            repeated.append(first[key])
+        else:
+            first[key] = (start, end)
+    return len(repeated), sum(1 for _, end in repeated if end < killed_at - slack_s)
+
+
+def cli_command(input_path: Path, output: Path, server: Any, journal: Path | None, *settings: str,
+                args: tuple[str, ...] = ()) -> list[str]:
+    """`flink-memory run` against the scripted server, for a new process (run it with PRISTINE_ENV)."""
+    import sys
+
+    base = ["llm.provider=openai", f"llm.base_url={server.base_url}", "llm.max_retries=2", "llm.retry_backoff_s=0.2",
+            "job.poll_interval_ms=20", f"journal.path={journal if journal else 'null'}"]
+    command = [sys.executable, "-m", "flink_memory.cli", "run", "--input", str(input_path), "--output", str(output),
+               *args]
+    for setting in base + list(settings):
+        command += ["--set", setting]
+    return command
+
+
+def latest_checkpoint(output: Path) -> Path | None:
+    found = [p.parent for p in Path(output, "_checkpoints").glob("*/chk-*/_metadata")]
+    return max(found, key=lambda p: int(p.name.split("-")[1])) if found else None

@@ -1,7 +1,10 @@
 """Semantic chunk planning inside the job: attacks on the planner, failure policies, replays."""
 
 import json
+import os
 import re
+import signal
+import subprocess
 
 import pytest
 from jobkit import batch_units, conversation, run, topic_planner
@@ -114,3 +117,74 @@ def test_replays_reuse_plans_and_changes_replan(tmp_path):
     assert manifests[2]["input_digest"] != manifests[0]["input_digest"]
     first_plan_calls = manifests[0]["planner_calls"]
     assert calls == first_plan_calls + manifests[2]["planner_calls"]
+
+
+def test_plans_in_restored_state_are_reused_and_tampered_ones_fail_closed(tmp_path):
+    """A job following a directory plans two conversations and is killed after a checkpoint. In the
+    checkpoint one stored plan is altered. The restored job gets a retry of each (same exchanges, new id),
+    with no journal: the intact plan is reused without a planner call, the altered one is refused."""
+    from jobkit import PRISTINE_ENV, cli_command, latest_checkpoint, wait_for, write_lines
+
+    intact, altered = conversation("agent-a", "intact"), conversation("agent-a", "altered")
+    input_dir = write_lines(tmp_path / "input" / "part-0.jsonl", [intact, altered]).parent
+    output = tmp_path / "output"
+    settings = ("chunking.max_chunk_tokens=400", "checkpointing.interval_s=1", "batching.flush_after_s=600")
+    with ScriptedServer(planner_script) as server:
+        first = subprocess.Popen(cli_command(input_dir, output, server, None, *settings, args=("--follow",)),
+                                 env=PRISTINE_ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL)
+        try:
+            # both plans made, then a checkpoint that holds them
+            wait_for(lambda: len(planner_requests(server)) >= 2 and latest_checkpoint(output), timeout_s=240)
+            planned_at = latest_checkpoint(output)
+            wait_for(lambda: latest_checkpoint(output) != planned_at, timeout_s=60)
+        finally:
+            os.killpg(first.pid, signal.SIGKILL)
+            first.wait(timeout=60)
+        checkpoint = latest_checkpoint(output)
+        assert tamper_first_boundary(checkpoint, "conv-altered"), "the stored plan was not found in the checkpoint"
+        planner_calls = len(planner_requests(server))
+        write_lines(input_dir / "part-1.jsonl", [dict(intact, id="intact-retry"), dict(altered, id="altered-retry")])
+        second = subprocess.Popen(cli_command(input_dir, output, server, None, *settings,
+                                              args=("--follow", "--restore", str(checkpoint))),
+                                  env=PRISTINE_ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        try:
+            out = wait_for(lambda: _both_retries(output), timeout_s=240)
+        finally:
+            os.killpg(second.pid, signal.SIGKILL)
+            second.wait(timeout=60)
+        assert len(planner_requests(server)) == planner_calls  # nothing planned again
+    retry = next(m for m in out["manifests"] if m["source_id"] == "intact-retry")
+    original = next(m for m in out["manifests"] if m["source_id"] == "conv-intact")
+    assert retry["planner_calls"] == 0 and retry["boundaries"] == original["boundaries"]
+    (dead,) = [d for d in out["dead-letters"] if d["record_id"] == "altered-retry"]
+    assert dead["stage"] == "plan" and "failed verification" in dead["reason"]
+    assert not any(m["source_id"] == "altered-retry" for m in out["manifests"])
+
+
+def tamper_first_boundary(checkpoint, source_id):
+    """Change one digit of the stored plan of `source_id` (canonical JSON: boundaries precede source_id)."""
+    needle = f'"source_id":"{source_id}"'.encode()
+    for path in checkpoint.rglob("*"):
+        if not path.is_file():
+            continue
+        data = bytearray(path.read_bytes())
+        at = data.find(needle)
+        while at >= 0:
+            start = data.rfind(b'"boundaries":[', 0, at)
+            digit = start + len(b'"boundaries":[')
+            if start >= 0 and chr(data[digit]).isdigit():
+                data[digit] = ord("1") if data[digit] != ord("1") else ord("2")
+                path.write_bytes(bytes(data))
+                return True
+            at = data.find(needle, at + 1)
+    return False
+
+
+def _both_retries(output):
+    from flink_memory.cli import read_outputs
+
+    out = read_outputs(str(output))
+    seen = {m["source_id"] for m in out["manifests"]} | {d["record_id"] for d in out["dead-letters"]}
+    return out if {"intact-retry", "altered-retry"} <= seen else None

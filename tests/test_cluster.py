@@ -16,6 +16,7 @@ from jobkit import (
     check_tree,
     conversation,
     items,
+    repeated_after_kill,
     slow_script,
     wait_for,
     write_lines,
@@ -122,17 +123,9 @@ def test_taskmanager_killed_mid_job_recovers_with_no_repeated_calls(tmp_path):
     assert set(latest_globals(nodes)) == {f"agent-{a}" for a in range(4)}
     assert sorted(d["raw"] for d in out["dead-letters"]) == sorted(bad)
     # A call is repeated only if its first answer never reached a live process: it was in flight at the kill.
-    first: dict[str, tuple[float, float]] = {}
-    repeated = []
-    for start, end, body in sorted(spans, key=lambda s: s[0]):
-        key = json.dumps(body, sort_keys=True)
-        if key in first:
-            repeated.append(first[key])
-        else:
-            first[key] = (start, end)
-    completed_before_kill = [s for s in repeated if s[1] < killed_at - 0.5]
-    assert completed_before_kill == [], f"{len(completed_before_kill)} finished calls were paid for twice"
-    print(f"\n[cluster] TaskManager killed: {len(spans)} calls, {len(repeated)} repeated "
+    repeated, finished_before_kill = repeated_after_kill(spans, killed_at)
+    assert finished_before_kill == 0, f"{finished_before_kill} finished calls were paid for twice"
+    print(f"\n[cluster] TaskManager killed: {len(spans)} calls, {repeated} repeated "
           f"(all in flight at the kill)")
 
 

@@ -5,18 +5,19 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections import Counter
-from pathlib import Path
 
 import pytest
 from jobkit import (
     PRISTINE_ENV,
     batch_units,
     check_tree,
+    cli_command,
     conversation,
     items,
+    latest_checkpoint,
+    repeated_after_kill,
     run,
     slow_script,
     wait_for,
@@ -101,21 +102,6 @@ def test_failure_without_journal_repeats_calls_but_not_output(tmp_path, baseline
 
 
 
-def cli_command(input_path, output, server, journal, *overrides, args=()):
-    settings = ["llm.provider=openai", f"llm.base_url={server.base_url}", "llm.max_retries=2",
-                "llm.retry_backoff_s=0.2", "job.poll_interval_ms=20", f"journal.path={journal}", *SETTINGS, *overrides]
-    command = [sys.executable, "-m", "flink_memory.cli", "run", "--input", str(input_path), "--output", str(output),
-               *args]
-    for setting in settings:
-        command += ["--set", setting]
-    return command
-
-
-def latest_checkpoint(output):
-    found = [p.parent for p in Path(output, "_checkpoints").glob("*/chk-*/_metadata")]
-    return max(found, key=lambda p: int(p.name.split("-")[1])) if found else None
-
-
 def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline):
     """A process running the job on a followed directory is killed (SIGKILL) after a checkpoint completed;
     a new process restores that checkpoint, reads the same directory to its end and finishes the work: the
@@ -127,7 +113,7 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline)
     input_dir = write_lines(tmp_path / "input" / "part-0.jsonl", workload()).parent
     output, journal = tmp_path / "output", tmp_path / "journal.sqlite"
     with ScriptedServer(slow_script) as server:
-        first = subprocess.Popen(cli_command(input_dir, output, server, journal, "batching.flush_after_s=600",
+        first = subprocess.Popen(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=600",
                                              args=("--follow",)),
                                  env=PRISTINE_ENV, start_new_session=True, stdout=subprocess.DEVNULL,
                                  stderr=subprocess.DEVNULL)
@@ -139,19 +125,11 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline)
             first.wait(timeout=60)
         before = server.count()
         checkpoint = latest_checkpoint(output)
-        done = subprocess.run(cli_command(input_dir, output, server, journal, args=("--restore", str(checkpoint))),
+        done = subprocess.run(cli_command(input_dir, output, server, journal, *SETTINGS, args=("--restore", str(checkpoint))),
                               env=PRISTINE_ENV, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
         assert "flink-memory run finished" in done.stdout
         spans = list(server.spans)
     assert 12 <= before < baseline[1]
-    first_seen: dict[str, tuple[float, float]] = {}
-    repeated_spans = []
-    for start, end, body in sorted(spans, key=lambda s: s[0]):
-        key = json.dumps(body, sort_keys=True)
-        if key in first_seen:
-            repeated_spans.append(first_seen[key])
-        else:
-            first_seen[key] = (start, end)
-    assert all(end >= killed_at - 0.5 for _, end in repeated_spans), "a finished call was paid for twice"
+    assert repeated_after_kill(spans, killed_at)[1] == 0, "a finished call was paid for twice"
     check_like_baseline(read_outputs(str(output)), baseline[0])
