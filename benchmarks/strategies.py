@@ -5,8 +5,10 @@
 - batched: the flink-memory job with `summarization.depth: single` (batch summaries, no tree).
 - hierarchical: the flink-memory job as shipped (batch summaries merged into a global summary per agent).
 
-Each item plants facts (a name, an amount, a date); retention is the share of planted facts still present
-in the strategy's final summaries (the global summary, the batch summaries, or the single-pass answer).
+Each item plants facts (a unique name and a unique amount, beside a date); retention is the share of planted
+facts still present in the strategy's final summaries (the global summary, all batch summaries, or the
+single-pass answer), and "final memory / window" is the size of those summaries (per agent) against the
+context window: what an agent would have to read back.
 Providers: `scripted` (a fact-keeping stand-in with fixed latency, CI-sized), `embedded` (the bundled
 SmolLM2 on this CPU), or `--base-url URL` for any OpenAI-compatible endpoint.
 
@@ -41,7 +43,7 @@ from flink_memory.flink.pipeline import build_job  # noqa: E402
 from flink_memory.llm.client import LLMCallError, LLMClient, RequestFactory  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
 from flink_memory.summarize.prompts import element, messages_for  # noqa: E402
-from flink_memory.tokens import RequestTooLarge, estimate_messages  # noqa: E402
+from flink_memory.tokens import RequestTooLarge, estimate_messages, estimate_tokens  # noqa: E402
 
 STRATEGIES = ("single_pass", "batched", "hierarchical")
 SYLLABLES = ["ka", "to", "mi", "rel", "an", "so", "vi", "da", "lor", "en", "ti", "ba", "nu", "qua", "ze"]
@@ -49,23 +51,31 @@ ACTIONS = ["paid", "was refunded", "approved a budget of", "quoted", "invoiced"]
 
 
 def fact_name(rng: random.Random) -> str:
-    return "".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize()
+    return "".join(rng.choice(SYLLABLES) for _ in range(5)).capitalize()
 
 
 def dataset(agents: int, items_per_agent: int, seed: int = 7) -> tuple[list[dict[str, Any]], dict[str, list[str]]]:
-    """Items with planted facts, and the facts per agent."""
+    """Items with planted facts, and the facts per agent. Names and amounts are unique across the data set,
+    so a fact found in a summary was kept, not re-created by a lookalike from another item."""
     rng = random.Random(seed)
+    total = agents * items_per_agent
+    amounts = iter(rng.sample(range(100_000, 10_000_000), total))
+    names: set[str] = set()
     records, facts = [], {}
     for a in range(agents):
         agent = f"agent-{a}"
         facts[agent] = []
         for i in range(items_per_agent):
-            name, amount = fact_name(rng), str(rng.randint(1000, 99999))
-            date = f"2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
+            name = fact_name(rng)
+            while name in names:
+                name = fact_name(rng)
+            names.add(name)
+            amount = str(next(amounts))
+            date = f"20{rng.randint(20, 29)}-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}"
             text = (f"Note {i}: {name} {rng.choice(ACTIONS)} {amount} EUR on {date}; "
                     f"the team discussed follow-ups and routine status updates.")
             records.append({"agent_id": agent, "id": f"n{i}", "ts": f"{date}T12:00:00Z", "text": text})
-            facts[agent] += [name, amount, date]
+            facts[agent] += [name, amount]
     return records, facts
 
 
@@ -124,7 +134,7 @@ def single_pass(records: list[dict[str, Any]], facts: dict[str, list[str]], base
             "completion_tokens": int(stats.get("completion_tokens", 0)), "largest_request": largest,
             "wall_s": time.perf_counter() - started, "retention": sum(kept) / len(kept),
             "failed": bool(failures), "failure": failures[0] if failures else None,
-            "summary_tokens": sum(len(t.split()) for t in answers.values())}
+            "memory_tokens": max((estimate_tokens(t) for t in answers.values()), default=0)}
 
 
 def job_strategy(records: list[dict[str, Any]], facts: dict[str, list[str]], base_url: str,
@@ -150,7 +160,7 @@ def job_strategy(records: list[dict[str, Any]], facts: dict[str, list[str]], bas
             "completion_tokens": int(sum(s.get("completion_tokens", 0) for s in stats)),
             "largest_request": int(max(s.get("max_prompt_estimate", 0) for s in stats)) + args.max_output_tokens,
             "wall_s": wall, "retention": sum(kept) / len(kept), "failed": False, "failure": None,
-            "summary_tokens": sum(len(t.split()) for texts in finals.values() for t in texts),
+            "memory_tokens": max(sum(estimate_tokens(t) for t in texts) for texts in finals.values()),
             "merges": sum(1 for n in nodes if n["kind"] == "merge")}
 
 
@@ -159,12 +169,12 @@ def markdown(results: dict[str, Any]) -> str:
     lines = [f"Provider: {results['provider']}, context window {window}, batch {results['max_items']}, "
              f"fan-in {results['fan_in']}, {results['agents']} agent(s).", "",
              "| items/agent | strategy | calls | prompt tokens | completion tokens | largest request / window "
-             "| retention | wall s | status |", "|---|---|---|---|---|---|---|---|---|"]
+             "| retention | final memory / window | wall s | status |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in results["rows"]:
         status = "FAILED: " + row["failure"].split(": ", 1)[-1][:70] if row["failed"] else "ok"
         lines.append(f"| {row['items_per_agent']} | {row['strategy']} | {row['calls']} | {row['prompt_tokens']} | "
                      f"{row['completion_tokens']} | {row['largest_request'] / window:.2f} | "
-                     f"{row['retention']:.2f} | {row['wall_s']:.1f} | {status} |")
+                     f"{row['retention']:.2f} | {row['memory_tokens'] / window:.2f} | {row['wall_s']:.1f} | {status} |")
     return "\n".join(lines) + "\n"
 
 
@@ -180,11 +190,17 @@ def plots(results: dict[str, Any], out: Path) -> list[Path]:
         figure, axis = plt.subplots(figsize=(6, 4))
         for strategy in STRATEGIES:
             rows = [r for r in results["rows"] if r["strategy"] == strategy]
-            axis.plot([r["items_per_agent"] for r in rows], [r[metric] for r in rows], marker="o", label=strategy)
+            sent = [r for r in rows if not r["failed"]]
+            axis.plot([r["items_per_agent"] for r in sent], [r[metric] for r in sent], marker="o", label=strategy)
             failed = [r for r in rows if r["failed"]]
-            if failed:
-                axis.scatter([r["items_per_agent"] for r in failed], [r[metric] for r in failed], marker="x",
-                             color="red", zorder=3, label=f"{strategy}: overflow" if strategy == "single_pass" else None)
+            if failed and metric == "prompt_tokens":  # what the request would have needed: never sent
+                axis.scatter([r["items_per_agent"] for r in failed], [r["largest_request"] for r in failed],
+                             marker="x", color="red", zorder=3, label=f"{strategy}: over the window, not sent")
+            elif failed:
+                axis.scatter([r["items_per_agent"] for r in failed], [0 for _ in failed], marker="x", color="red",
+                             zorder=3, label=f"{strategy}: failed (overflow)")
+        if metric == "prompt_tokens":
+            axis.set_yscale("log")
         axis.set_xscale("log")
         axis.set_xlabel("items per agent")
         axis.set_ylabel(label)
