@@ -41,6 +41,7 @@ from flink_memory.cli import latest_globals, read_outputs  # noqa: E402
 from flink_memory.config import SUMMARY_PROMPT_VERSION, load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
 from flink_memory.llm.client import LLMCallError, LLMClient, RequestFactory  # noqa: E402
+from flink_memory.llm.runtime import read_stats  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
 from flink_memory.summarize.prompts import element, messages_for  # noqa: E402
 from flink_memory.tokens import RequestTooLarge, estimate_messages, estimate_tokens  # noqa: E402
@@ -85,19 +86,19 @@ def retention(texts: list[str], facts: list[str]) -> float:
 
 
 @contextmanager
-def provider(kind: str, base_url: str | None, latency_s: float, context_window: int) -> Iterator[tuple[str, Any]]:
-    """(base URL, scripted server or None) for the chosen provider."""
+def provider(kind: str, base_url: str | None, latency_s: float, context_window: int) -> Iterator[str]:
+    """The base URL of the chosen provider, started for the duration of the benchmark when it is local."""
     if base_url:
-        yield base_url, None
+        yield base_url
     elif kind == "scripted":
         with ScriptedServer(latency_s=latency_s) as server:
-            yield server.base_url, server
+            yield server.base_url
     else:
         from flink_memory.llm.embedded import EmbeddedServer
 
         server = EmbeddedServer(context_window=context_window, parallel=2, threads=2)
         try:
-            yield server.base_url + "/v1", None
+            yield server.base_url + "/v1"
         finally:
             server.close()
 
@@ -146,7 +147,7 @@ def job_strategy(records: list[dict[str, Any]], facts: dict[str, list[str]], bas
     execute(build_job(config, str(input_path), str(output)), f"bench-{depth}", timeout_s=args.job_timeout_s)
     wall = time.perf_counter() - started
     nodes = read_outputs(str(output))["summaries"]
-    stats = [json.loads(p.read_text()) for p in (output / "_stats").glob("*.json")]
+    stats = read_stats(str(output))
     if depth == "hierarchical":
         finals = {a: [n["text"]] for a, n in latest_globals(nodes).items()}
     else:
@@ -155,10 +156,9 @@ def job_strategy(records: list[dict[str, Any]], facts: dict[str, list[str]], bas
     covered = sum(len(n["children"]) for n in nodes if n["kind"] == "batch")
     if covered != len(records):
         raise SystemExit(f"{depth}: {covered} of {len(records)} items in batch nodes")
-    return {"calls": int(sum(s.get("calls", 0) for s in stats)),
-            "prompt_tokens": int(sum(s.get("prompt_tokens", 0) for s in stats)),
-            "completion_tokens": int(sum(s.get("completion_tokens", 0) for s in stats)),
-            "largest_request": int(max(s.get("max_prompt_estimate", 0) for s in stats)) + args.max_output_tokens,
+    return {"calls": int(stats.get("calls", 0)), "prompt_tokens": int(stats.get("prompt_tokens", 0)),
+            "completion_tokens": int(stats.get("completion_tokens", 0)),
+            "largest_request": int(stats.get("max_prompt_estimate", 0)) + args.max_output_tokens,
             "wall_s": wall, "retention": sum(kept) / len(kept), "failed": False, "failure": None,
             "memory_tokens": max(sum(estimate_tokens(t) for t in texts) for texts in finals.values()),
             "merges": sum(1 for n in nodes if n["kind"] == "merge")}
@@ -235,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     results: dict[str, Any] = {"provider": args.base_url or args.provider, "context_window": args.context_window,
                                "max_output_tokens": args.max_output_tokens, "max_items": args.max_items,
                                "fan_in": args.fan_in, "agents": args.agents, "rows": []}
-    with provider(args.provider, args.base_url, args.latency, args.context_window) as (base_url, _server), \
+    with provider(args.provider, args.base_url, args.latency, args.context_window) as base_url, \
             tempfile.TemporaryDirectory() as tmp:
         for size in args.sizes:
             records, facts = dataset(args.agents, size)

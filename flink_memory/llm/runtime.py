@@ -52,6 +52,8 @@ def read_stats(output_dir: str) -> dict[str, float]:
     for path in sorted(folder.glob("*.json")) if folder.exists() else []:
         data = json.loads(path.read_text())
         for key, value in data.items():
-            if key not in ("stage", "subtask", "attempt") and isinstance(value, (int, float)):
-                totals[key] = totals.get(key, 0) + value
+            if key in ("stage", "subtask", "attempt") or not isinstance(value, (int, float)):
+                continue
+            # counters add up; a max_* figure (e.g. the largest prompt) is the largest of all attempts
+            totals[key] = max(totals.get(key, 0), value) if key.startswith("max_") else totals.get(key, 0) + value
     return totals
