@@ -35,11 +35,11 @@ def event_to_memory(event: dict[str, Any]) -> dict[str, Any]:
             "text": event["body"], "metadata": {"source": "support-desk"}}
 
 
-def newest_global(node_json: str) -> tuple[str, int, str] | None:
+def global_rows(node_json: str):
+    """Only global nodes, as (agent_id, version, text)."""
     node = json.loads(node_json)
-    if node["kind"] != "global":
-        return None
-    return node["agent_id"], node["version"], node["text"]
+    if node["kind"] == "global":
+        yield node["agent_id"], node["version"], node["text"]
 
 
 def customer_memory(events: DataStream, config: Config) -> DataStream:
@@ -47,12 +47,9 @@ def customer_memory(events: DataStream, config: Config) -> DataStream:
     records = events.map(event_to_memory).name("support-event-to-memory")
     streams = add_memory_operators(records, config)
     streams.dead_letters.print("dead-letter")
-    return (
-        streams.summaries.map(newest_global, output_type=Types.PICKLED_BYTE_ARRAY())
-        .filter(lambda g: g is not None)
-        .map(lambda g: g, output_type=Types.TUPLE([Types.STRING(), Types.INT(), Types.STRING()]))
-        .name("keep-global-summaries")
-    )
+    return streams.summaries.flat_map(
+        global_rows, output_type=Types.TUPLE([Types.STRING(), Types.INT(), Types.STRING()])
+    ).name("keep-global-summaries")
 
 
 def environment() -> StreamExecutionEnvironment:
