@@ -47,6 +47,7 @@ class StandaloneCluster:
         self.log_dir = workdir / "log"
         self.pid_dir = workdir / "pid"
         self.rest_port = free_port()
+        self.taskmanager_pids: dict[str, int] = {}  # resource id -> pid, in start order
         self.env = dict(PRISTINE_ENV, FLINK_HOME=str(FLINK_HOME), FLINK_CONF_DIR=str(self.conf_dir),
                         FLINK_LOG_DIR=str(self.log_dir), FLINK_PID_DIR=str(self.pid_dir))
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
@@ -109,14 +110,24 @@ class StandaloneCluster:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-    def start_taskmanager(self) -> None:
-        self._script("taskmanager.sh", "start")
+    def start_taskmanager(self) -> str:
+        """Starts a TaskManager with a resource id of our own, so REST answers name the process; returns it."""
+        resource_id = f"tm-{len(self.taskmanager_pids) + 1}"
+        self._script("taskmanager.sh", "start", "-D", f"taskmanager.resource-id={resource_id}")
+        self.taskmanager_pids[resource_id] = self._pids("taskexecutor")[-1]  # flink-daemon.sh appends
+        return resource_id
 
-    def kill_taskmanager(self) -> int:
-        """kill -9 the newest TaskManager; returns its pid."""
-        pid = self._pids("taskexecutor")[-1]
-        os.kill(pid, signal.SIGKILL)
-        return pid
+    def kill_taskmanager(self, resource_id: str) -> None:
+        os.kill(self.taskmanager_pids[resource_id], signal.SIGKILL)
+
+    def busy_taskmanagers(self, job_id: str, vertex_names: tuple[str, ...]) -> list[str]:
+        """TaskManagers running a subtask of the named vertices (by name prefix) that has not finished."""
+        busy = set()
+        for vertex in self.rest(f"/jobs/{job_id}")["vertices"]:
+            if vertex["name"].startswith(vertex_names):
+                hosts = self.rest(f"/jobs/{job_id}/vertices/{vertex['id']}/taskmanagers")["taskmanagers"]
+                busy.update(h["taskmanager-id"] for h in hosts if h["status"] == "RUNNING")
+        return sorted(busy)
 
     # --- jobs ------------------------------------------------------------------------------------------
 
