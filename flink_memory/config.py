@@ -91,10 +91,15 @@ class CheckpointingConfig(_Section):
 class JobConfig(_Section):
     parallelism: int = Field(1, ge=1)
     execution_mode: Literal["process", "thread"] = "process"
-    bundle_size: int = Field(100, ge=1)
+    # 1: each element's timers reach Flink before the next input, so a checkpoint barrier never overtakes
+    # them (PyFlink 2.3 registers a bundle's timers after the bundle ends; see README "Recovery").
+    bundle_size: int = Field(1, ge=1)
     bundle_time_ms: int = Field(100, ge=1)
     share_python_worker: bool = False
     poll_interval_ms: int = Field(50, ge=5)
+    # A key waiting for a far deadline (batch timeout, global refresh) wakes at least this often to re-check it
+    # under the running config: after a restore with a changed timeout, the new one applies within this time.
+    recheck_s: float = Field(60.0, gt=0)
     # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
     # (element or timer), or "call:n:..." at the n-th fresh LLM result; once, while the marker file is absent.
     inject_failure: str | None = Field(None, pattern=r"^(planner|batcher|merger|call):[1-9][0-9]*:.+$")

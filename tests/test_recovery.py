@@ -101,42 +101,48 @@ def test_failure_without_journal_repeats_calls_but_not_output(tmp_path, baseline
         print(f"\n[recovery] batcher failure without journal: {again} repeated calls of {baseline[1]}")
 
 
-
-@pytest.mark.xfail(strict=False, reason="known bug: after a restore in a new process, a keyed operator whose keys "
-                   "get no new input sometimes does not resume its pending work (planner or batcher); see README")
 def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline):
-    """A process running the job on a followed directory is killed (SIGKILL) after a checkpoint completed;
-    a new process restores that checkpoint and follows the same directory: its committed output becomes
-    that of a run without failure, and only calls in flight at the kill are made again.
+    """A process following a directory is killed (SIGKILL) while conversations are still being planned; a
+    new process restores the latest retained checkpoint and follows the same directory. No input arrives
+    for any agent after the restore, so only restored state and timers can finish the work: the pending
+    plans, the partial batches and the merges. Every unit ends up in exactly one batch, the tree and the
+    manifests are those of a run without failure, and no call whose answer had arrived is made again.
 
-    Both follow the directory: a bounded input that is read at once does its remaining work in the
-    end-of-input phases, where no checkpoint can complete, and a follow job is restored as a follow job.
+    The restored process shortens the batch timeout from 600 s to 5 s (as the end of a bounded input
+    would close the tail batches): batches restored with a 600 s timer must close within `job.recheck_s`.
+    Batch membership may differ from the uninterrupted run, because a timeout closed some batches
+    while the planner caught up; chunk plans, coverage and dead letters may not.
+    (Follow mode in both processes: a bounded input read at once does its remaining work in the
+    end-of-input phases, where no checkpoint completes, and a follow job restores as a follow job.)
     """
     input_dir = write_lines(tmp_path / "input" / "part-0.jsonl", workload()).parent
     output, journal = tmp_path / "output", tmp_path / "journal.sqlite"
+    expected = batch_units(baseline[0]["summaries"])
     with ScriptedServer(slow_script) as server:
         first = follow(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=600",
-                                   args=("--follow",)), tmp_path / "first.log")
+                                   "job.recheck_s=2", args=("--follow",)), tmp_path / "first.log")
         try:
-            # every conversation planned and committed, batches and merges still to do
-            wait_for(lambda: len(read_outputs(str(output))["manifests"]) == 6, timeout_s=240, every_s=0.1)
+            wait_for(lambda: len(read_outputs(str(output))["manifests"]) >= 2, timeout_s=240, every_s=0.1)
+            planned_at_kill = len(read_outputs(str(output))["manifests"])
             killed_at = time.monotonic()
         finally:
             stop(first)
         before = server.count()
-        # the tail batches close by timeout once every item is in (as the end of input would close them)
         second = follow(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=5",
-                                    "summarization.global_refresh_s=1",
+                                    "summarization.global_refresh_s=1", "job.recheck_s=2",
                                     args=("--follow", "--restore", str(latest_checkpoint(output)))),
                         tmp_path / "second.log")
         try:
-            wait_for(lambda: _like_baseline(output, baseline[0]), timeout_s=120, every_s=1)
+            wait_for(lambda: _covered(output, expected), timeout_s=120, every_s=1)
         finally:
             stop(second)
         spans = list(server.spans)
-    assert before < baseline[1]
+    assert before < baseline[1] and planned_at_kill < 6, "the kill came after the work it should interrupt"
     assert repeated_after_kill(spans, killed_at)[1] == 0, "a finished call was paid for twice"
-    check_like_baseline(read_outputs(str(output)), baseline[0])
+    out = read_outputs(str(output))
+    check_tree(out["summaries"], Counter(agent for agent, _ in expected.elements()))
+    assert batch_units(out["summaries"]) == expected
+    assert shape(out)[2:] == shape(baseline[0])[2:]  # manifests and dead letters
 
 
 def follow(command, log):
@@ -150,6 +156,10 @@ def stop(process):
     process.wait(timeout=60)
 
 
-def _like_baseline(output, baseline_out):
+def _covered(output, expected):
+    """Every expected unit is in a committed batch and a committed global summary covers all of them."""
     out = read_outputs(str(output))
-    return bool(out["summaries"]) and shape(out) == shape(baseline_out)
+    if batch_units(out["summaries"]) != expected:
+        return False
+    per_agent = Counter(agent for agent, _ in expected.elements())
+    return {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == dict(per_agent)

@@ -30,7 +30,7 @@ from flink_memory.chunking.manifest import (
 from flink_memory.chunking.planner import ChunkPlanner, PlanJob, Prepared, prepare
 from flink_memory.config import Config
 from flink_memory.llm.client import ChatResult, LLMCallError, RequestFactory
-from flink_memory.llm.jobs import Outcome, now_ms, run_to_end, step
+from flink_memory.llm.jobs import Outcome, now_ms, run_to_end, step, wake_times_ms
 from flink_memory.llm.pool import CallPool
 from flink_memory.llm.runtime import make_client, write_stats
 from flink_memory.records import Conversation, DeadLetter, SummaryNode, parse_line, record_from_json
@@ -95,6 +95,7 @@ class _Stage(KeyedProcessFunction):
         self.client = make_client(self.config, self.output_dir)
         self.pool = CallPool(self.client, self.config.llm.max_concurrency)
         self.poll_ms = self.config.job.poll_interval_ms
+        self.recheck_ms = max(self.poll_ms, int(self.config.job.recheck_s * 1000))
         self.subtask, self.attempt = _task_identity(runtime_context)
         self.activations = 0
         self.fresh_results = 0
@@ -136,9 +137,8 @@ class _Stage(KeyedProcessFunction):
 
     def _poll_later(self, ctx: Any, at_ms: int | None = None) -> None:
         now = ctx.timer_service().current_processing_time()
-        target = max(at_ms or 0, now + self.poll_ms)
-        target -= target % self.poll_ms  # coalesce timers of one key
-        ctx.timer_service().register_processing_time_timer(target + self.poll_ms)
+        for at in wake_times_ms(now, at_ms, self.poll_ms, self.recheck_ms):
+            ctx.timer_service().register_processing_time_timer(at)
 
     def _account(self, outcome: Outcome) -> None:
         for result in outcome.results:
@@ -404,7 +404,7 @@ class BatchSummaries(_Stage):
         for batch in buffer.add(unit, self.limits, ctx.timer_service().current_processing_time()):
             self._open_batch(pending, batch)
         if buffer.units and was_empty:
-            ctx.timer_service().register_processing_time_timer(buffer.opened_at_ms + self.flush_ms)
+            self._poll_later(ctx, buffer.opened_at_ms + self.flush_ms)
         _save(self.buffer, buffer.to_state())
         self._arm_end(ctx)
         yield from self._advance(pending, ctx, block=False)
@@ -421,6 +421,8 @@ class BatchSummaries(_Stage):
         if buffer.units and (phase is not None or timed_out):
             self._open_batch(pending, buffer.take())
             _save(self.buffer, buffer.to_state())
+        elif buffer.units and phase is None:
+            self._poll_later(ctx, buffer.opened_at_ms + self.flush_ms)  # not due yet (or woken by the grid)
         if phase is None:
             yield from self._advance(pending, ctx, block=False)
         else:
@@ -603,3 +605,4 @@ def _parent(agent_id: str, node_id: str, kind: str, level: int, children: list[d
         model=",".join(job.models) or model, prompt_tokens=job.prompt_tokens,
         completion_tokens=job.completion_tokens, version=version,
     )
+
