@@ -6,6 +6,8 @@
    as the serial baseline.
 2. Overhead: with an instant provider, the job's wall time is compared with a bare PyFlink job that reads
    the same file, parses it, keys it by agent_id and writes it to a file sink, on the same environment.
+Both also run two variants of the default (process mode, `job.bundle_size=1`): `job.bundle_size=100`
+(faster, but not restore-safe on PyFlink 2.3, see README) and `job.execution_mode=thread`.
 
 Run: `python benchmarks/throughput.py` (about two minutes on 2 cores). `--json PATH` writes the numbers.
 """
@@ -30,6 +32,9 @@ from scripted_server import ScriptedServer  # noqa: E402
 from flink_memory.cli import read_outputs  # noqa: E402
 from flink_memory.flink.pipeline import build_job, create_environment, file_sink, file_source  # noqa: E402
 from flink_memory.summarize.prompts import SYSTEM_PROMPTS  # noqa: E402
+
+# Alternatives to the default (process mode, job.bundle_size=1), measured in the same script.
+VARIANTS = {"bundle_size_100": ("job.bundle_size=100",), "thread_mode": ("job.execution_mode=thread",)}
 
 
 def run_memory_job(workdir: Path, input_path: Path, server: ScriptedServer, *overrides: str) -> tuple[float, dict]:
@@ -68,11 +73,11 @@ def batch_phase(server: ScriptedServer) -> tuple[float, int, int]:
 
 
 def concurrency_case(workdir: Path, input_path: Path, latency_s: float, concurrency: int, max_items: int,
-                     expected_units: int) -> dict[str, Any]:
+                     expected_units: int, *overrides: str) -> dict[str, Any]:
     with ScriptedServer(latency_s=latency_s) as server:
         wall, outputs = run_memory_job(
             workdir, input_path, server, f"llm.max_concurrency={concurrency}", f"batching.max_items={max_items}",
-            "batching.flush_after_s=3600", "summarization.fan_in=8")
+            "batching.flush_after_s=3600", "summarization.fan_in=8", *overrides)
         seconds, calls, items_in = batch_phase(server)
         covered = sum(batch_units(outputs["summaries"]).values())
         if covered != expected_units or items_in != expected_units:
@@ -115,6 +120,12 @@ def main(argv: list[str] | None = None) -> int:
         parallel, serial = results[f"concurrency_{args.concurrency}"], results["concurrency_1"]
         results["speedup_over_serial"] = round(parallel["items_per_s"] / serial["items_per_s"], 2)
         print(f"  speedup of max_concurrency={args.concurrency} over 1: {results['speedup_over_serial']}x")
+        for name, overrides in VARIANTS.items():
+            case = concurrency_case(root / f"c-{name}", input_path, args.latency, args.concurrency, args.max_items,
+                                    len(records), *overrides)
+            results[f"concurrency_{args.concurrency}_{name}"] = case
+            print(f"  max_concurrency={args.concurrency} with {' '.join(overrides)}: ratio {case['ratio_to_ideal']}",
+                  flush=True)
 
         records = items(4, args.overhead_items_per_agent)
         input_path = write_lines(root / "overhead.jsonl", records)
@@ -123,16 +134,21 @@ def main(argv: list[str] | None = None) -> int:
             bare = run_bare_job(root / "bare", input_path, server.base_url)
             ours, outputs = run_memory_job(root / "ours", input_path, server)
             calls = server.count()
-            big, big_outputs = run_memory_job(root / "bundles", input_path, server, "job.bundle_size=100")
-            for run in (outputs, big_outputs):
-                if sum(batch_units(run["summaries"]).values()) != len(records):
-                    raise SystemExit("coverage broken in the overhead run")
-            results["overhead"] = {"items": len(records), "bare_s": round(bare, 2), "flink_memory_s": round(ours, 2),
-                                   "llm_calls": calls, "ratio": round(ours / bare, 2),
-                                   "bundle_size_100_s": round(big, 2), "bundle_size_100_ratio": round(big / bare, 2)}
-        print(f"  bare read+key_by job {bare:.1f} s, flink-memory {ours:.1f} s ({calls} calls): ratio "
-              f"{results['overhead']['ratio']}; with job.bundle_size=100 {big:.1f} s: ratio "
-              f"{results['overhead']['bundle_size_100_ratio']}")
+            overhead = {"items": len(records), "bare_s": round(bare, 2), "flink_memory_s": round(ours, 2),
+                        "llm_calls": calls, "ratio": round(ours / bare, 2)}
+            print(f"  bare read+key_by job {bare:.1f} s, flink-memory {ours:.1f} s ({calls} calls): ratio "
+                  f"{overhead['ratio']}", flush=True)
+            for name, overrides in VARIANTS.items():
+                wall, variant_outputs = run_memory_job(root / f"o-{name}", input_path, server, *overrides)
+                if sum(batch_units(variant_outputs["summaries"]).values()) != len(records):
+                    raise SystemExit(f"coverage broken in the overhead run with {overrides}")
+                overhead[f"{name}_s"] = round(wall, 2)
+                overhead[f"{name}_over_default"] = round(wall / ours, 2)
+                print(f"  with {' '.join(overrides)}: {wall:.1f} s, {overhead[f'{name}_over_default']} of the "
+                      f"default's time", flush=True)
+            if sum(batch_units(outputs["summaries"]).values()) != len(records):
+                raise SystemExit("coverage broken in the overhead run")
+            results["overhead"] = overhead
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -101,13 +101,16 @@ def test_failure_without_journal_repeats_calls_but_not_output(tmp_path, baseline
         print(f"\n[recovery] batcher failure without journal: {again} repeated calls of {baseline[1]}")
 
 
-def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline):
+@pytest.mark.parametrize("mode", ["process", "thread"])
+def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline, mode):
     """A process following a directory is killed (SIGKILL) while conversations are still being planned; a
     new process restores the latest retained checkpoint and follows the same directory. No input arrives
     for any agent after the restore, so only restored state and timers can finish the work: the pending
     plans, the partial batches and the merges. Every unit ends up in exactly one batch, the tree and the
     manifests are those of a run without failure, and no call whose answer had arrived is made again.
 
+    Run in both execution modes: in thread mode PyFlink registers timers at once, in process mode only
+    `job.bundle_size: 1` keeps a checkpoint from missing them (see README "Recovery").
     The restored process shortens the batch timeout from 600 s to 5 s (as the end of a bounded input
     would close the tail batches): batches restored with a 600 s timer must close within `job.recheck_s`.
     Batch membership may differ from the uninterrupted run, because a timeout closed some batches
@@ -120,7 +123,8 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline)
     expected = batch_units(baseline[0]["summaries"])
     with ScriptedServer(slow_script) as server:
         first = follow(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=600",
-                                   "job.recheck_s=2", args=("--follow",)), tmp_path / "first.log")
+                                   "job.recheck_s=2", f"job.execution_mode={mode}", args=("--follow",)),
+                       tmp_path / "first.log")
         try:
             wait_for(lambda: len(read_outputs(str(output))["manifests"]) >= 2, timeout_s=240, every_s=0.1)
             planned_at_kill = len(read_outputs(str(output))["manifests"])
@@ -130,6 +134,7 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline)
         before = server.count()
         second = follow(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=5",
                                     "summarization.global_refresh_s=1", "job.recheck_s=2",
+                                    f"job.execution_mode={mode}",
                                     args=("--follow", "--restore", str(latest_checkpoint(output)))),
                         tmp_path / "second.log")
         try:
