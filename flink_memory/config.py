@@ -97,8 +97,8 @@ class JobConfig(_Section):
     bundle_time_ms: int = Field(100, ge=1)
     share_python_worker: bool = False
     poll_interval_ms: int = Field(50, ge=5)
-    # A key waiting for a far deadline (batch timeout, global refresh) wakes at least this often to re-check it
-    # under the running config: after a restore with a changed timeout, the new one applies within this time.
+    # Step of the recheck grid: a key with pending work or a far deadline also holds timers at the next two
+    # grid points, so a restored key resumes and a timeout changed across a restore applies in time.
     recheck_s: float = Field(60.0, gt=0)
     # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
     # (element or timer), or "call:n:..." at the n-th fresh LLM result; once, while the marker file is absent.
