@@ -605,4 +605,3 @@ def _parent(agent_id: str, node_id: str, kind: str, level: int, children: list[d
         model=",".join(job.models) or model, prompt_tokens=job.prompt_tokens,
         completion_tokens=job.completion_tokens, version=version,
     )
-

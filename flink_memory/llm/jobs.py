@@ -33,15 +33,14 @@ def now_ms() -> int:
 
 
 def wake_times_ms(now: int, due_ms: int | None, poll_ms: int, recheck_ms: int) -> tuple[int, int, int]:
-    """Timer times for a key with work due at `due_ms` (soon when None): the due time, and two standing
+    """Timer times for a key with work due at `due_ms` (soon when None): the due time, and the next two
     points of a fixed recheck grid.
 
-    PyFlink can take a checkpoint while a fired timer is still on its way to the Python worker: the
-    timer has left the timer queue and its successor is not registered yet, so the key is restored with
-    pending work and no timer. The grid timers lie ahead and are in every checkpoint, so such a key, and a
-    key whose deadline was computed under an older config (a 600 s batch timeout restored as 5 s),
-    is re-examined within two grid steps. Times snap to the poll grid so that repeated requests of one key
-    coincide and Flink keeps one timer for them.
+    A timer in a checkpoint is only as fresh as the config and the registrations that set it: a deadline
+    computed under an older config (a 600 s batch timeout restored as 5 s) is re-examined at the next grid
+    point, and a key whose latest registrations missed a checkpoint (PyFlink 2.3 in process mode with
+    bundles larger than one) still holds the grid timers an earlier activation registered. Times snap to
+    the poll grid so that repeated requests of one key coincide and Flink keeps one timer for them.
     """
     target = max(due_ms or 0, now + poll_ms)
     grid = now - now % recheck_ms + recheck_ms
