@@ -131,10 +131,10 @@ def topic_planner(body: dict[str, Any]) -> Reply:
     return Reply(text=json.dumps({"ends": list(range(1, last, 3)) + [last]}))
 
 
-def slow_script(body: dict[str, Any]) -> Reply:
-    """The topic planner with provider latency: planner calls 0.3 s, summaries 0.1 s."""
+def slow_script(body: dict[str, Any], planner_s: float = 0.3) -> Reply:
+    """The topic planner with provider latency: planner calls `planner_s`, summaries 0.1 s."""
     reply = topic_planner(body)
-    reply.delay_s = 0.3 if is_planner_request(body) else 0.1
+    reply.delay_s = planner_s if is_planner_request(body) else 0.1
     return reply
 
 
