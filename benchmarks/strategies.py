@@ -111,6 +111,10 @@ def settings(base_url: str, args: argparse.Namespace) -> list[str]:
             "job.poll_interval_ms=20", "llm.timeout_s=900"]
 
 
+def usage(stats: dict[str, float]) -> dict[str, int]:
+    return {key: int(stats.get(key, 0)) for key in ("calls", "prompt_tokens", "completion_tokens")}
+
+
 def single_pass(records: list[dict[str, Any]], facts: dict[str, list[str]], base_url: str,
                 args: argparse.Namespace) -> dict[str, Any]:
     config = load_config(None, settings(base_url, args), environ={})
@@ -131,8 +135,7 @@ def single_pass(records: list[dict[str, Any]], facts: dict[str, list[str]], base
     stats = client.stats.snapshot()
     client.close()
     kept = [retention([answers[a]], f) if a in answers else 0.0 for a, f in facts.items()]
-    return {"calls": int(stats.get("calls", 0)), "prompt_tokens": int(stats.get("prompt_tokens", 0)),
-            "completion_tokens": int(stats.get("completion_tokens", 0)), "largest_request": largest,
+    return {**usage(stats), "largest_request": largest,
             "wall_s": time.perf_counter() - started, "retention": sum(kept) / len(kept),
             "failed": bool(failures), "failure": failures[0] if failures else None,
             "memory_tokens": max((estimate_tokens(t) for t in answers.values()), default=0)}
@@ -156,9 +159,7 @@ def job_strategy(records: list[dict[str, Any]], facts: dict[str, list[str]], bas
     covered = sum(len(n["children"]) for n in nodes if n["kind"] == "batch")
     if covered != len(records):
         raise SystemExit(f"{depth}: {covered} of {len(records)} items in batch nodes")
-    return {"calls": int(stats.get("calls", 0)), "prompt_tokens": int(stats.get("prompt_tokens", 0)),
-            "completion_tokens": int(stats.get("completion_tokens", 0)),
-            "largest_request": int(stats.get("max_prompt_estimate", 0)) + args.max_output_tokens,
+    return {**usage(stats), "largest_request": int(stats.get("max_prompt_estimate", 0)) + args.max_output_tokens,
             "wall_s": wall, "retention": sum(kept) / len(kept), "failed": False, "failure": None,
             "memory_tokens": max(sum(estimate_tokens(t) for t in texts) for texts in finals.values()),
             "merges": sum(1 for n in nodes if n["kind"] == "merge")}

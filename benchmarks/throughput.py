@@ -64,6 +64,13 @@ def run_bare_job(workdir: Path, input_path: Path, server_url: str, *overrides: s
     return time.perf_counter() - started
 
 
+def check_coverage(outputs: dict, expected_units: int, overrides: tuple[str, ...]) -> None:
+    covered = sum(batch_units(outputs["summaries"]).values())
+    if covered != expected_units:
+        raise SystemExit(f"coverage broken with {overrides or 'the defaults'}: {covered} units in batch nodes, "
+                         f"{expected_units} expected")
+
+
 def batch_phase(server: ScriptedServer) -> tuple[float, int, int]:
     """Seconds from the first batch call's start to the last one's end, batch calls, items in them."""
     spans = [(start, end, body) for start, end, body in server.spans
@@ -79,10 +86,9 @@ def concurrency_case(workdir: Path, input_path: Path, latency_s: float, concurre
             workdir, input_path, server, f"llm.max_concurrency={concurrency}", f"batching.max_items={max_items}",
             "batching.flush_after_s=3600", "summarization.fan_in=8", *overrides)
         seconds, calls, items_in = batch_phase(server)
-        covered = sum(batch_units(outputs["summaries"]).values())
-        if covered != expected_units or items_in != expected_units:
-            raise SystemExit(f"coverage broken: {covered} units in batch nodes, {items_in} in batch prompts, "
-                             f"{expected_units} expected")
+        check_coverage(outputs, expected_units, overrides)
+        if items_in != expected_units:
+            raise SystemExit(f"coverage broken: {items_in} units in batch prompts, {expected_units} expected")
         ideal = concurrency * max_items / latency_s
         measured = items_in / seconds
         return {"max_concurrency": concurrency, "batch_calls": calls, "all_calls": server.count(),
@@ -133,6 +139,7 @@ def main(argv: list[str] | None = None) -> int:
         with ScriptedServer() as server:
             bare = run_bare_job(root / "bare", input_path, server.base_url)
             ours, outputs = run_memory_job(root / "ours", input_path, server)
+            check_coverage(outputs, len(records), ())
             calls = server.count()
             overhead = {"items": len(records), "bare_s": round(bare, 2), "flink_memory_s": round(ours, 2),
                         "llm_calls": calls, "ratio": round(ours / bare, 2)}
@@ -140,14 +147,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{overhead['ratio']}", flush=True)
             for name, overrides in VARIANTS.items():
                 wall, variant_outputs = run_memory_job(root / f"o-{name}", input_path, server, *overrides)
-                if sum(batch_units(variant_outputs["summaries"]).values()) != len(records):
-                    raise SystemExit(f"coverage broken in the overhead run with {overrides}")
+                check_coverage(variant_outputs, len(records), overrides)
                 overhead[f"{name}_s"] = round(wall, 2)
                 overhead[f"{name}_over_default"] = round(wall / ours, 2)
                 print(f"  with {' '.join(overrides)}: {wall:.1f} s, {overhead[f'{name}_over_default']} of the "
                       f"default's time", flush=True)
-            if sum(batch_units(outputs["summaries"]).values()) != len(records):
-                raise SystemExit("coverage broken in the overhead run")
             results["overhead"] = overhead
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")

@@ -12,9 +12,12 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from flink_memory.config import Config, ConfigError, load_config
+
+if TYPE_CHECKING:
+    from flink_memory.llm.embedded import EmbeddedServer
 
 log = logging.getLogger("flink_memory")
 
@@ -149,17 +152,24 @@ def report(output_dir: str, wall_s: float) -> str:
     return "\n".join(lines)
 
 
+def start_local_model(config: Config) -> EmbeddedServer | None:
+    """For a local run with the embedded provider: one model server for every worker, set as the endpoint."""
+    if config.llm.provider != "embedded" or config.llm.base_url:
+        return None
+    from flink_memory.llm.embedded import EmbeddedServer
+
+    server = EmbeddedServer(config.llm.embedded_model_path, context_window=config.llm.context_window,
+                            threads=config.llm.embedded_threads, parallel=config.llm.embedded_parallel)
+    config.llm.base_url = server.base_url
+    return server
+
+
 def run_job(args: argparse.Namespace) -> int:
     from flink_memory.flink.pipeline import build_job
 
     config = job_config(args)
-    server = None
-    if config.llm.provider == "embedded" and not config.llm.base_url:
-        from flink_memory.llm.embedded import EmbeddedServer
-
-        server = EmbeddedServer(config.llm.embedded_model_path, context_window=config.llm.context_window,
-                                threads=config.llm.embedded_threads, parallel=config.llm.embedded_parallel)
-        config.llm.base_url = server.base_url  # one model for every worker of this local run
+    server = start_local_model(config)
+    if server is not None:
         print(f"[flink-memory] embedded model {server.model_path.name} on {server.base_url}", file=sys.stderr)
     Path(args.output).mkdir(parents=True, exist_ok=True)
     port = _free_port()

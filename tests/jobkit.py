@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
@@ -75,6 +77,11 @@ def expected_units(records: list[Any]) -> Counter:
 
 def batch_units(summaries: list[dict[str, Any]]) -> Counter:
     return Counter((n["agent_id"], u) for n in summaries if n["kind"] == "batch" for u in n["children"])
+
+
+def units_per_agent(units: Counter) -> Counter:
+    """(agent_id, unit_id) counts -> units per agent."""
+    return Counter(agent for agent, _ in units.elements())
 
 
 def check_tree(summaries: list[dict[str, Any]], units_per_agent: Counter | None = None) -> None:
@@ -167,6 +174,22 @@ def cli_command(input_path: Path, output: Path, server: Any, journal: Path | Non
     for setting in base + list(settings):
         command += ["--set", setting]
     return command
+
+
+def spawn(command: list[str], log: Path | None = None) -> subprocess.Popen:
+    """Start `command` in a new process group with PRISTINE_ENV; its output goes to `log` (or nowhere)."""
+    if log is None:
+        return subprocess.Popen(command, env=PRISTINE_ENV, start_new_session=True, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    with open(log, "w") as handle:  # the child keeps its own copy of the descriptor
+        return subprocess.Popen(command, env=PRISTINE_ENV, start_new_session=True, stdout=handle,
+                                stderr=subprocess.STDOUT)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL the process and everything it started (its Python workers), then reap it."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
 
 
 def latest_checkpoint(output: Path) -> Path | None:

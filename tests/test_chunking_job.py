@@ -1,10 +1,7 @@
 """Semantic chunk planning inside the job: attacks on the planner, failure policies, replays."""
 
 import json
-import os
 import re
-import signal
-import subprocess
 
 import pytest
 from jobkit import batch_units, conversation, run, topic_planner
@@ -123,37 +120,31 @@ def test_plans_in_restored_state_are_reused_and_tampered_ones_fail_closed(tmp_pa
     """A job following a directory plans two conversations and is killed after a checkpoint. In the
     checkpoint one stored plan is altered. The restored job gets a retry of each (same exchanges, new id),
     with no journal: the intact plan is reused without a planner call, the altered one is refused."""
-    from jobkit import PRISTINE_ENV, cli_command, latest_checkpoint, wait_for, write_lines
+    from jobkit import cli_command, kill_group, latest_checkpoint, spawn, wait_for, write_lines
 
     intact, altered = conversation("agent-a", "intact"), conversation("agent-a", "altered")
     input_dir = write_lines(tmp_path / "input" / "part-0.jsonl", [intact, altered]).parent
     output = tmp_path / "output"
     settings = ("chunking.max_chunk_tokens=400", "checkpointing.interval_s=1", "batching.flush_after_s=600")
     with ScriptedServer(planner_script) as server:
-        first = subprocess.Popen(cli_command(input_dir, output, server, None, *settings, args=("--follow",)),
-                                 env=PRISTINE_ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                                 stderr=subprocess.DEVNULL)
+        first = spawn(cli_command(input_dir, output, server, None, *settings, args=("--follow",)))
         try:
             # both plans made, then a checkpoint that holds them
             wait_for(lambda: len(planner_requests(server)) >= 2 and latest_checkpoint(output), timeout_s=240)
             planned_at = latest_checkpoint(output)
             wait_for(lambda: latest_checkpoint(output) != planned_at, timeout_s=60)
         finally:
-            os.killpg(first.pid, signal.SIGKILL)
-            first.wait(timeout=60)
+            kill_group(first)
         checkpoint = latest_checkpoint(output)
         assert tamper_first_boundary(checkpoint, "conv-altered"), "the stored plan was not found in the checkpoint"
         planner_calls = len(planner_requests(server))
         write_lines(input_dir / "part-1.jsonl", [dict(intact, id="intact-retry"), dict(altered, id="altered-retry")])
-        second = subprocess.Popen(cli_command(input_dir, output, server, None, *settings,
-                                              args=("--follow", "--restore", str(checkpoint))),
-                                  env=PRISTINE_ENV, start_new_session=True, stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL)
+        second = spawn(cli_command(input_dir, output, server, None, *settings,
+                                   args=("--follow", "--restore", str(checkpoint))))
         try:
             out = wait_for(lambda: _both_retries(output), timeout_s=240)
         finally:
-            os.killpg(second.pid, signal.SIGKILL)
-            second.wait(timeout=60)
+            kill_group(second)
         assert len(planner_requests(server)) == planner_calls  # nothing planned again
     retry = next(m for m in out["manifests"] if m["source_id"] == "intact-retry")
     original = next(m for m in out["manifests"] if m["source_id"] == "conv-intact")

@@ -18,6 +18,7 @@ from jobkit import (
     items,
     repeated_after_kill,
     slow_script,
+    units_per_agent,
     wait_for,
     write_lines,
 )
@@ -39,10 +40,6 @@ def units_from(records, manifests):
         if isinstance(record, dict) and (record["agent_id"], record["id"]) not in chunked:
             units[(record["agent_id"], record["id"])] += 1
     return units
-
-
-def per_agent(units):
-    return Counter(agent for agent, _ in units.elements())
 
 
 def test_submit_to_a_standalone_cluster_with_the_served_model(tmp_path):
@@ -72,7 +69,7 @@ def test_submit_to_a_standalone_cluster_with_the_served_model(tmp_path):
     out = read_outputs(str(output))
     nodes = [SummaryNode.model_validate(n).model_dump(mode="json") for n in out["summaries"]]
     assert batch_units(nodes) == units_from(records, [])
-    check_tree(nodes, per_agent(units_from(records, [])))
+    check_tree(nodes, units_per_agent(units_from(records, [])))
     assert all(n["text"].strip() and n["completion_tokens"] > 0 for n in nodes if n["kind"] != "global")
     (dead,) = [DeadLetter.model_validate(d) for d in out["dead-letters"]]
     assert dead.raw == "{broken" and dead.stage == "parse"
@@ -124,7 +121,7 @@ def test_taskmanager_killed_mid_job_recovers_with_no_repeated_calls(tmp_path):
     assert len(manifests) == len({(m["agent_id"], m["source_id"]) for m in manifests}) == 8
     units = units_from(records, manifests)
     assert batch_units(nodes) == units  # every unit exactly once, nothing duplicated by the replay
-    check_tree(nodes, per_agent(units))
+    check_tree(nodes, units_per_agent(units))
     assert set(latest_globals(nodes)) == {f"agent-{a}" for a in range(4)}
     assert sorted(d["raw"] for d in out["dead-letters"]) == sorted(bad)
     # A call is repeated only if its first answer never reached a live process: it was in flight at the kill.

@@ -2,24 +2,23 @@
 the output equals a run without failure. The replay journal makes the repeated provider calls zero."""
 
 import json
-import os
-import signal
-import subprocess
 import time
 from collections import Counter
 
 import pytest
 from jobkit import (
-    PRISTINE_ENV,
     batch_units,
     check_tree,
     cli_command,
     conversation,
     items,
+    kill_group,
     latest_checkpoint,
     repeated_after_kill,
     run,
     slow_script,
+    spawn,
+    units_per_agent,
     wait_for,
     write_lines,
 )
@@ -123,43 +122,32 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline,
     expected = batch_units(baseline[0]["summaries"])
     # slow plans (1 s each, planned one at a time per agent) leave some unplanned at the first checkpoints
     with ScriptedServer(lambda body: slow_script(body, planner_s=1.0)) as server:
-        first = follow(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=600",
-                                   "job.recheck_s=2", f"job.execution_mode={mode}", args=("--follow",)),
-                       tmp_path / "first.log")
+        first = spawn(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=600",
+                                  "job.recheck_s=2", f"job.execution_mode={mode}", args=("--follow",)),
+                      tmp_path / "first.log")
         try:
             wait_for(lambda: len(read_outputs(str(output))["manifests"]) >= 2, timeout_s=240, every_s=0.1)
             planned_at_kill = len(read_outputs(str(output))["manifests"])
             killed_at = time.monotonic()
         finally:
-            stop(first)
+            kill_group(first)
         before = server.count()
-        second = follow(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=5",
-                                    "summarization.global_refresh_s=1", "job.recheck_s=2",
-                                    f"job.execution_mode={mode}",
-                                    args=("--follow", "--restore", str(latest_checkpoint(output)))),
-                        tmp_path / "second.log")
+        second = spawn(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=5",
+                                   "summarization.global_refresh_s=1", "job.recheck_s=2",
+                                   f"job.execution_mode={mode}",
+                                   args=("--follow", "--restore", str(latest_checkpoint(output)))),
+                       tmp_path / "second.log")
         try:
             wait_for(lambda: _covered(output, expected), timeout_s=120, every_s=1)
         finally:
-            stop(second)
+            kill_group(second)
         spans = list(server.spans)
     assert before < baseline[1] and planned_at_kill < 6, "the kill came after the work it should interrupt"
     assert repeated_after_kill(spans, killed_at)[1] == 0, "a finished call was paid for twice"
     out = read_outputs(str(output))
-    check_tree(out["summaries"], Counter(agent for agent, _ in expected.elements()))
+    check_tree(out["summaries"], units_per_agent(expected))
     assert batch_units(out["summaries"]) == expected
     assert shape(out)[2:] == shape(baseline[0])[2:]  # manifests and dead letters
-
-
-def follow(command, log):
-    with open(log, "w") as handle:  # the child keeps its own copy of the descriptor
-        return subprocess.Popen(command, env=PRISTINE_ENV, start_new_session=True, stdout=handle,
-                                stderr=subprocess.STDOUT)
-
-
-def stop(process):
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=60)
 
 
 def _covered(output, expected):
@@ -167,5 +155,4 @@ def _covered(output, expected):
     out = read_outputs(str(output))
     if batch_units(out["summaries"]) != expected:
         return False
-    per_agent = Counter(agent for agent, _ in expected.elements())
-    return {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == dict(per_agent)
+    return {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == dict(units_per_agent(expected))

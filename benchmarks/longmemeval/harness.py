@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from flink_memory.chunking.core import group_exchanges  # noqa: E402
-from flink_memory.cli import latest_globals, read_outputs  # noqa: E402
+from flink_memory.cli import latest_globals, read_outputs, start_local_model  # noqa: E402
 from flink_memory.config import Config, load_config  # noqa: E402
 from flink_memory.digests import canonical_json, digest  # noqa: E402
 from flink_memory.tokens import estimate_tokens  # noqa: E402
@@ -327,13 +327,7 @@ def run(args: argparse.Namespace) -> int:
     progress = run_dir.open(policy_of(config), args.resume)
     pending = [i for i in instances if i.question_id not in progress]
     print(f"[longmemeval] {len(instances)} instances, {len(progress)} done, {len(pending)} to run", flush=True)
-    server = None
-    if config.llm.provider == "embedded" and not config.llm.base_url:
-        from flink_memory.llm.embedded import EmbeddedServer
-
-        server = EmbeddedServer(config.llm.embedded_model_path, context_window=config.llm.context_window,
-                                threads=config.llm.embedded_threads, parallel=config.llm.embedded_parallel)
-        config.llm.base_url = server.base_url + "/v1"
+    server = start_local_model(config)
     client = factory = None
     if args.qa:
         from flink_memory.llm.client import LLMClient, RequestFactory
