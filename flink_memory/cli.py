@@ -14,6 +14,7 @@ import urllib.request
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from flink_memory import budgets
 from flink_memory.config import Config, ConfigError, load_config
 
 if TYPE_CHECKING:
@@ -38,7 +39,9 @@ def job_config(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
     if args.parallelism:
         overrides.append(f"job.parallelism={args.parallelism}")
-    return load_config(args.config, overrides)
+    config = load_config(args.config, overrides)
+    budgets.check(config)
+    return config
 
 
 def _free_port() -> int:

@@ -207,6 +207,8 @@ class SummaryNode(_Strict):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     version: int | None = None
+    # a call behind this text stopped at llm.max_output_tokens (finish_reason "length"): accepted, flagged
+    truncated: bool = False
 
     @model_validator(mode="after")
     def _version_only_on_global(self) -> SummaryNode:

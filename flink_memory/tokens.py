@@ -1,26 +1,38 @@
-"""Conservative token estimates and request budgets (no tokenizer download: tiktoken cannot fetch here).
+"""Token counts and request budgets: the model's own tokenizer where one is reachable, else a calibrated estimate.
 
-The estimate is meant to be an upper bound for byte-level BPE tokenizers: digits and punctuation count one
-token each, non-ASCII characters one token per UTF-8 byte, dictionary-like words one token per three
-letters and other letter runs (keys, hashes, base64) four tokens per five letters. It
-overcounts English by about 2x, which costs context but never overflows it (tests hold it against the real
-tokenizer of the embedded model on English, code, CJK and emoji).
+Every request builder (batch, part, merge, global, planner windows) sizes its request with one `Budget`, so
+a configuration accepted at start never produces a request that does not fit.
+
+- `ServerTokenizer`: llama.cpp's `/tokenize`, with the chat template's overhead measured once through
+  `/apply-template` (exact for the embedded model and any llama.cpp-compatible endpoint).
+- `HFTokenizer` (a Hugging Face `tokenizers` JSON file) and `TiktokenTokenizer` (an encoding tiktoken can load
+  offline, from `TIKTOKEN_CACHE_DIR`): exact content counts; template overhead from OpenAI's published
+  per-message figures for tiktoken, and learned from `usage.prompt_tokens` for HF files.
+- `EstimateTokenizer`: a conservative upper bound for byte-level BPE (digits and punctuation one token each,
+  non-ASCII one token per UTF-8 byte, dictionary-like words a token per three letters, other letter runs four
+  tokens per five letters). It overcounts English about 3x, so it is scaled by a `Calibration` that learns the
+  provider's ratio from `usage.prompt_tokens`; until a response arrives the scale is 1 (the upper bound).
 """
 
 from __future__ import annotations
 
+import json
+import math
 import re
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from typing import Any
+import threading
+import urllib.request
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import xxhash
 
 _PIECES = re.compile(r"[A-Za-z]+|[0-9]|[ \t]+|\n+|[\x21-\x7e]|[^\x00-\x7f]|[\x00-\x1f\x7f]")
 
-# Tokens a chat template adds around each message (role markers, separators) and around a request.
+# Template overhead assumed by the estimate (role markers and separators per message, reply priming).
 MESSAGE_OVERHEAD = 8
 REQUEST_OVERHEAD = 16
-# Head room kept free in every request on top of the estimate.
-FRAME_RESERVE = 32
 
 
 def estimate_tokens(text: str) -> int:
@@ -56,7 +68,7 @@ def _letter_run(piece: str) -> int:
 
 
 def estimate_messages(messages: Iterable[Mapping[str, Any]]) -> int:
-    """Estimate for a chat request's prompt (role markers included)."""
+    """The estimate for a chat request's prompt (role markers included)."""
     total = REQUEST_OVERHEAD
     for message in messages:
         total += MESSAGE_OVERHEAD + estimate_tokens(str(message.get("role", ""))) + estimate_tokens(
@@ -65,74 +77,335 @@ def estimate_messages(messages: Iterable[Mapping[str, Any]]) -> int:
     return total
 
 
-@dataclass(frozen=True)
+# --- tokenizers -------------------------------------------------------------------------------------------
+
+
+class Tokenizer(Protocol):
+    name: str
+    exact: bool
+    # template tokens per message (besides role and content) and per request (reply priming, BOS)
+    per_message: int
+    per_request: int
+
+    def count(self, text: str) -> int: ...
+
+
+class TokenizerUnavailable(RuntimeError):
+    """`llm.tokenizer` names a tokenizer that cannot be loaded here; the message says what is missing."""
+
+
+@dataclass
+class EstimateTokenizer:
+    name: str = "estimate"
+    exact: bool = False
+    per_message: int = MESSAGE_OVERHEAD
+    per_request: int = REQUEST_OVERHEAD
+
+    def count(self, text: str) -> int:
+        return estimate_tokens(text)
+
+
+def _post_json(url: str, body: dict[str, Any], timeout_s: float) -> Any:
+    request = urllib.request.Request(url, data=json.dumps(body).encode("utf-8"),
+                                     headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout_s) as response:  # noqa: S310 (configured endpoint)
+        return json.loads(response.read())
+
+
+def server_root(base_url: str) -> str:
+    """llama.cpp serves /tokenize beside /v1, not under it."""
+    root = base_url.rstrip("/")
+    return root[: -len("/v1")] if root.endswith("/v1") else root
+
+
+class ServerTokenizer:
+    """llama.cpp's own tokenizer over HTTP; the template overhead is measured with /apply-template."""
+
+    exact = True
+
+    def __init__(self, base_url: str, timeout_s: float = 30.0) -> None:
+        self.root = server_root(base_url)
+        self.timeout_s = timeout_s
+        self.name = f"server:{self.root}"
+        try:
+            self.per_message, self.per_request = self._measure_template()
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise TokenizerUnavailable(f"{self.root} does not serve llama.cpp's /tokenize and /apply-template "
+                                       f"({type(exc).__name__}: {exc})") from None
+
+    def _tokens(self, text: str, special: bool) -> int:
+        answer = _post_json(self.root + "/tokenize",
+                            {"content": text, "add_special": special, "parse_special": special}, self.timeout_s)
+        return len(answer["tokens"])
+
+    def count(self, text: str) -> int:
+        return self._tokens(text, False) if text else 0
+
+    def _rendered(self, messages: list[dict[str, str]]) -> int:
+        prompt = _post_json(self.root + "/apply-template", {"messages": messages}, self.timeout_s)["prompt"]
+        return self._tokens(prompt, True)
+
+    def _measure_template(self) -> tuple[int, int]:
+        """Per-message and per-request template tokens, from a one- and a two-message rendering."""
+        hello, user, system = self.count("hello"), self.count("user"), self.count("system")
+        one = self._rendered([{"role": "user", "content": "hello"}])
+        two = self._rendered([{"role": "system", "content": "hello"}, {"role": "user", "content": "hello"}])
+        per_message = two - one - system - hello
+        per_request = one - per_message - user - hello
+        if per_message < 0 or per_request < 0:
+            raise ValueError(f"unexpected template counts ({one}, {two})")
+        return per_message, per_request
+
+
+class HFTokenizer:
+    """A Hugging Face `tokenizers` JSON file (no download: the file is given by path)."""
+
+    exact = True
+    per_message = MESSAGE_OVERHEAD
+    per_request = REQUEST_OVERHEAD
+
+    def __init__(self, path: str) -> None:
+        try:
+            from tokenizers import Tokenizer as HF
+        except ImportError:
+            raise TokenizerUnavailable("llm.tokenizer hf:... needs the 'tokenizers' package "
+                                       "(pip install 'flink-memory[tokenizers]')") from None
+        try:
+            self._tokenizer = HF.from_file(path)
+        except Exception as exc:  # tokenizers raises its own Exception type for unreadable files
+            raise TokenizerUnavailable(f"cannot load the tokenizer file {path}: {exc}") from None
+        self.name = f"hf:{path}"
+
+    def count(self, text: str) -> int:
+        return len(self._tokenizer.encode(text, add_special_tokens=False).ids) if text else 0
+
+
+class TiktokenTokenizer:
+    """A tiktoken encoding loaded offline; overhead per OpenAI's chat format (3 a message, 3 for the reply)."""
+
+    exact = True
+    per_message = 3
+    per_request = 3
+
+    def __init__(self, encoding: str | Any) -> None:
+        if isinstance(encoding, str):
+            try:
+                import tiktoken
+            except ImportError:
+                raise TokenizerUnavailable("llm.tokenizer tiktoken:... needs the 'tiktoken' package") from None
+            try:
+                encoding = tiktoken.get_encoding(encoding)
+            except Exception as exc:  # offline without the encoding file in TIKTOKEN_CACHE_DIR
+                raise TokenizerUnavailable(f"tiktoken encoding {encoding!r} is not available offline ({exc}); "
+                                           "put its file in TIKTOKEN_CACHE_DIR") from None
+        self._encoding = encoding
+        self.name = f"tiktoken:{encoding.name}"
+
+    def count(self, text: str) -> int:
+        return len(self._encoding.encode(text, disallowed_special=())) if text else 0
+
+
+def open_tokenizer(spec: str, base_url: str | None, provider: str, model: str) -> Tokenizer:
+    """`llm.tokenizer`: auto | server | estimate | tiktoken:NAME | hf:PATH."""
+    if spec == "estimate":
+        return EstimateTokenizer()
+    if spec.startswith("hf:"):
+        return HFTokenizer(spec[3:])
+    if spec.startswith("tiktoken:"):
+        return TiktokenTokenizer(spec[len("tiktoken:"):])
+    if spec == "server":
+        if not base_url:
+            raise TokenizerUnavailable("llm.tokenizer: server needs an endpoint (llm.base_url or the embedded model)")
+        return ServerTokenizer(base_url)
+    # auto: the endpoint's own tokenizer, then tiktoken for OpenAI model names, then the calibrated estimate
+    if base_url:
+        try:
+            return ServerTokenizer(base_url, timeout_s=5.0 if provider == "openai" else 30.0)
+        except TokenizerUnavailable:
+            if provider == "embedded":
+                raise
+    try:
+        import tiktoken
+
+        return TiktokenTokenizer(tiktoken.encoding_for_model(model))
+    except Exception:  # not installed, not an OpenAI model name, or the encoding file is not cached
+        return EstimateTokenizer()
+
+
+# --- calibration ------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Calibration:
+    """Learns how the provider's count relates to ours from `usage.prompt_tokens`.
+
+    The scale is the largest ratio seen (provider count / our count), plus `margin`, rounded up to 1/64 so it
+    changes in few steps; it never goes below `floor`. Before any report it is `initial` (1 for the
+    estimate, its upper bound). A provider that rejects a request for its length raises the scale to the
+    count it reported.
+    """
+
+    initial: float = 1.0
+    margin: float = 0.05
+    floor: float = 0.1
+    observed: float | None = None
+    reports: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    @property
+    def scale(self) -> float:
+        if self.observed is None:
+            return self.initial
+        return max(self.floor, math.ceil(self.observed * (1 + self.margin) * 64) / 64)
+
+    def observe(self, ours: int, reported: int) -> None:
+        if ours <= 0 or reported <= 0:
+            return
+        with self._lock:
+            ratio = reported / ours
+            self.reports += 1
+            self.observed = ratio if self.observed is None else max(self.observed, ratio)
+
+
+# --- counting and budgets ---------------------------------------------------------------------------------
+
+
+class TokenCounter:
+    """Counts text with one tokenizer, cached by digest (each unit and summary is tokenized once)."""
+
+    def __init__(self, tokenizer: Tokenizer | None = None, calibration: Calibration | None = None,
+                 cache_size: int = 100_000) -> None:
+        self.tokenizer: Tokenizer = tokenizer or EstimateTokenizer()
+        self.calibration = calibration or Calibration(initial=1.0)
+        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    @property
+    def exact(self) -> bool:
+        return self.tokenizer.exact
+
+    @property
+    def scale(self) -> float:
+        """Factor from raw counts to the provider's tokens (1 for an exact tokenizer with no reports)."""
+        return self.calibration.scale
+
+    def raw(self, text: str) -> int:
+        key = xxhash.xxh3_64_digest(text.encode("utf-8", errors="surrogatepass"))
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        value = self.tokenizer.count(text)
+        with self._lock:
+            self._cache[key] = value
+            if len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return value
+
+    def tokens(self, text: str, scale: float | None = None) -> int:
+        raw = self.raw(text)
+        return math.ceil(raw * (self.scale if scale is None else scale))
+
+    def raw_request(self, messages: Iterable[Mapping[str, Any]]) -> int:
+        total = self.tokenizer.per_request
+        for message in messages:
+            total += self.tokenizer.per_message + self.raw(str(message.get("role", ""))) + self.raw(
+                str(message.get("content") or ""))
+        return total
+
+    def request(self, messages: Iterable[Mapping[str, Any]], scale: float | None = None) -> int:
+        return math.ceil(self.raw_request(messages) * (self.scale if scale is None else scale))
+
+    def observe(self, messages: Iterable[Mapping[str, Any]], reported_prompt_tokens: int) -> None:
+        """Learn from the provider's usage report (and from its count in a length rejection)."""
+        self.calibration.observe(self.raw_request(messages), reported_prompt_tokens)
+
+
+def make_calibration(tokenizer: Tokenizer) -> Calibration:
+    """Estimates start at their upper bound; exact tokenizers at 1 with a small margin for template drift."""
+    if tokenizer.exact:
+        return Calibration(initial=1.0, margin=0.0, floor=1.0)
+    return Calibration(initial=1.0, margin=0.05, floor=0.1)
+
+
+def reserve_tokens(context_window: int) -> int:
+    """Head room left free in every packed request: joins of separately counted pieces can merge or split."""
+    return max(8, context_window // 100)
+
+
+@dataclass
 class Budget:
-    """prompt + max_output_tokens never above context_window."""
+    """prompt + max_tokens never above context_window, measured with one counter."""
 
     context_window: int
     max_output_tokens: int
+    counter: TokenCounter = field(default_factory=TokenCounter)
 
     @property
-    def input_tokens(self) -> int:
-        """Prompt tokens one request may carry."""
-        return self.context_window - self.max_output_tokens - FRAME_RESERVE
+    def reserve(self) -> int:
+        return reserve_tokens(self.context_window)
 
-    def fits(self, prompt_tokens: int) -> bool:
-        return prompt_tokens <= self.input_tokens
-
-    def check(self, messages: list[dict[str, Any]], max_tokens: int | None = None) -> int:
-        """Raise if a request could exceed the window; returns the prompt estimate."""
-        estimate = estimate_messages(messages)
+    def prompt_room(self, max_tokens: int | None = None) -> int:
+        """Prompt tokens a packed request may carry (by the counter's current scale)."""
         out = self.max_output_tokens if max_tokens is None else max_tokens
-        if estimate + out + FRAME_RESERVE > self.context_window:
+        return self.context_window - out - self.reserve
+
+    def check(self, messages: list[dict[str, Any]], max_tokens: int | None = None,
+              scale: float | None = None) -> int:
+        """Raise if a request could exceed the window; returns its prompt count."""
+        count = self.counter.request(messages, scale)
+        out = self.max_output_tokens if max_tokens is None else max_tokens
+        if count + out > self.context_window:
             raise RequestTooLarge(
-                f"request of ~{estimate} prompt tokens + {out} output tokens exceeds the context window "
+                f"request of ~{count} prompt tokens + {out} output tokens exceeds the context window "
                 f"of {self.context_window}"
             )
-        return estimate
+        return count
 
 
 class RequestTooLarge(ValueError):
     """A request that could exceed the context window: a bug upstream, never sent."""
 
 
-def split_text(text: str, max_tokens: int) -> list[str]:
-    """Split `text` into consecutive parts of at most `max_tokens` (estimated); parts join back to `text`.
+def split_text(text: str, max_tokens: int, count: Callable[[str], int] = estimate_tokens) -> list[str]:
+    """Split `text` into consecutive parts of at most `max_tokens` (by `count`); parts join back to `text`.
 
     Cuts prefer paragraph, then line, then sentence, then word boundaries; a word longer than the budget is
-    cut between characters. Deterministic: the same text and budget give the same parts.
+    cut between characters. Deterministic: the same text, budget and count give the same parts.
     """
     if max_tokens < 8:
         raise ValueError("max_tokens must be at least 8")
-    if estimate_tokens(text) <= max_tokens:
+    if count(text) <= max_tokens:
         return [text]
+    # the estimate never packs more than 4 characters a token; a real tokenizer may pack long runs
+    span = 4 * max_tokens + 4 if count is estimate_tokens else None
     parts: list[str] = []
     rest = text
     while rest:
-        if estimate_tokens(rest) <= max_tokens:
+        if count(rest) <= max_tokens:
             parts.append(rest)
             break
-        cut = _best_cut(rest, max_tokens)
+        cut = _best_cut(rest, max_tokens, count, span)
         parts.append(rest[:cut])
         rest = rest[cut:]
     return parts
 
 
-def _longest_prefix(text: str, max_tokens: int) -> int:
-    """Largest n with estimate(text[:n]) <= max_tokens (the estimate grows with n)."""
-    # no piece packs more than 4 characters a token, so the answer lies within 4 * max_tokens + 4
-    low, high = 1, min(len(text), 4 * max_tokens + 4)
+def _longest_prefix(text: str, max_tokens: int, count: Callable[[str], int], span: int | None) -> int:
+    """Largest n with count(text[:n]) <= max_tokens (counts grow with n)."""
+    low, high = 1, min(len(text), span) if span else len(text)
     while low < high:
         mid = (low + high + 1) // 2
-        if estimate_tokens(text[:mid]) <= max_tokens:
+        if count(text[:mid]) <= max_tokens:
             low = mid
         else:
             high = mid - 1
     return low
 
 
-def _best_cut(text: str, max_tokens: int) -> int:
-    limit = _longest_prefix(text, max_tokens)
+def _best_cut(text: str, max_tokens: int, count: Callable[[str], int], span: int | None) -> int:
+    limit = _longest_prefix(text, max_tokens, count, span)
     window = text[:limit]
     for separator in ("\n\n", "\n", ". ", "? ", "! ", "; ", ", ", " "):
         position = window.rfind(separator)

@@ -1,7 +1,12 @@
 """A scriptable OpenAI-compatible chat server over real HTTP (stdlib only), for tests and benchmarks.
 
 A script is a function from the parsed request body to a `Reply`; it may also fault: a status code (429,
-500, ...), a delay, a hang, a dropped connection or a malformed body. Every request is recorded.
+500, ...), a delay, a hang, a dropped connection or a malformed body. Every chat request is recorded.
+
+`count` is how the stand-in provider counts tokens (our estimate by default; `chars_per_token(4)` is close to
+real BPE on English). With `context_window`, a prompt + max_tokens above it is rejected with HTTP 400 like
+llama.cpp does; a reply of max_tokens or more tokens is cut there with `finish_reason: length`. Other
+paths (/tokenize) answer 404, as a hosted provider does.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ class Reply:
     status: int = 200
     delay_s: float = 0.0
     fault: str | None = None  # None | "hang" | "close" | "malformed"
+    finish_reason: str | None = None  # None: "length" when the text reaches max_tokens, else "stop"
     headers: dict[str, str] = field(default_factory=dict)
 
 
@@ -33,7 +39,22 @@ Script = Callable[[dict[str, Any]], Reply]
 _FACT = re.compile(r"\b(?:[A-Z][a-z]+(?:-[A-Z][a-z]+)?|\d[\d.,:/-]*\d|\d)\b")
 
 
-def fact_keeping_summary(body: dict[str, Any]) -> str:
+Count = Callable[[str], int]
+
+
+def chars_per_token(n: float) -> Count:
+    """A provider that counts ceil(len / n) tokens for a text."""
+    return lambda text: -(-len(text) // n) if text else 0
+
+
+def prompt_count(messages: list[dict[str, Any]], count: Count) -> int:
+    """A chat template's count: 4 tokens around each message, 3 to prime the reply."""
+    if count is estimate_tokens:
+        return estimate_messages(messages)
+    return 3 + sum(4 + count(str(m.get("role", ""))) + count(str(m.get("content") or "")) for m in messages)
+
+
+def fact_keeping_summary(body: dict[str, Any], count: Count = estimate_tokens) -> str:
     """A deterministic stand-in for a summarizer: keeps capitalized names and numbers, within max_tokens."""
     user = "\n".join(m["content"] for m in body["messages"] if m["role"] == "user")
     budget = int(body.get("max_tokens") or 256) - 4
@@ -43,7 +64,7 @@ def fact_keeping_summary(body: dict[str, Any]) -> str:
     for match in _FACT.findall(user):
         if match in seen:
             continue
-        cost = estimate_tokens(match) + 1
+        cost = count(match) + 1
         if used + cost > budget:
             break
         seen.add(match)
@@ -59,9 +80,13 @@ def default_script(body: dict[str, Any]) -> Reply:
 class ScriptedServer:
     """Starts on 127.0.0.1 with a free port; use as a context manager."""
 
-    def __init__(self, script: Script | None = None, latency_s: float = 0.0) -> None:
-        self.script: Script = script or default_script
+    def __init__(self, script: Script | None = None, latency_s: float = 0.0, *, count: Count = estimate_tokens,
+                 context_window: int | None = None) -> None:
+        self.count_tokens = count
+        self.script: Script = script or (lambda body: Reply(text=fact_keeping_summary(body, count)))
         self.latency_s = latency_s
+        self.context_window = context_window
+        self.rejected: list[dict[str, Any]] = []  # requests refused with HTTP 400 for their length
         self.requests: list[dict[str, Any]] = []
         self.authorizations: list[str | None] = []
         # (start, end, body) per answered request, monotonic seconds
@@ -81,6 +106,9 @@ class ScriptedServer:
             def do_POST(self) -> None:  # noqa: N802 (http.server naming)
                 length = int(self.headers.get("Content-Length") or 0)
                 body = json.loads(self.rfile.read(length) or b"{}")
+                if not self.path.endswith("/chat/completions"):
+                    self._not_found()
+                    return
                 with server._lock:
                     server.requests.append(body)
                     server.authorizations.append(self.headers.get("Authorization"))
@@ -94,7 +122,34 @@ class ScriptedServer:
                         server.in_flight -= 1
                         server.spans.append((started, time.monotonic(), body))
 
+            def _send(self, status: int, payload: str, headers: dict[str, str] | None = None) -> None:
+                data = payload.encode("utf-8")
+                self.send_response(status)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                for name, value in (headers or {}).items():
+                    self.send_header(name, value)
+                self.end_headers()
+                self.wfile.write(data)
+
+            def _not_found(self) -> None:
+                """Like a hosted provider: no /tokenize, so clients fall back to calibration."""
+                self._send(404, json.dumps({"error": {"message": "not found", "type": "not_found"}}))
+
             def _answer(self, body: dict[str, Any]) -> None:
+                messages = body.get("messages", [])
+                prompt_tokens = prompt_count(messages, server.count_tokens)
+                max_tokens = int(body.get("max_tokens") or 0)
+                if server.context_window and prompt_tokens + max_tokens > server.context_window:
+                    with server._lock:
+                        server.rejected.append(body)
+                    message = (f"request ({prompt_tokens} tokens) exceeds the available context size "
+                               f"({server.context_window} tokens), try increasing it")
+                    self._send(400, json.dumps({"error": {"code": 400, "message": message,
+                                                          "type": "exceed_context_size_error",
+                                                          "n_prompt_tokens": prompt_tokens,
+                                                          "n_ctx": server.context_window}}))
+                    return
                 reply = server.script(body)
                 delay = server.latency_s + reply.delay_s
                 if delay:
@@ -111,7 +166,10 @@ class ScriptedServer:
                 elif reply.fault == "malformed":
                     payload = '{"choices": [ {"message": '
                 else:
-                    messages = body.get("messages", [])
+                    text, finish = reply.text, reply.finish_reason or "stop"
+                    if max_tokens and server.count_tokens(text) >= max_tokens:
+                        finish = "length"
+                    completion_tokens = server.count_tokens(text)
                     payload = json.dumps(
                         {
                             "id": f"chatcmpl-{len(server.requests)}",
@@ -121,25 +179,18 @@ class ScriptedServer:
                             "choices": [
                                 {
                                     "index": 0,
-                                    "message": {"role": "assistant", "content": reply.text},
-                                    "finish_reason": "stop",
+                                    "message": {"role": "assistant", "content": text},
+                                    "finish_reason": finish,
                                 }
                             ],
                             "usage": {
-                                "prompt_tokens": estimate_messages(messages),
-                                "completion_tokens": estimate_tokens(reply.text),
-                                "total_tokens": estimate_messages(messages) + estimate_tokens(reply.text),
+                                "prompt_tokens": prompt_tokens,
+                                "completion_tokens": completion_tokens,
+                                "total_tokens": prompt_tokens + completion_tokens,
                             },
                         }
                     )
-                data = payload.encode("utf-8")
-                self.send_response(reply.status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                for name, value in reply.headers.items():
-                    self.send_header(name, value)
-                self.end_headers()
-                self.wfile.write(data)
+                self._send(reply.status, payload, reply.headers)
 
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._httpd.daemon_threads = True

@@ -5,7 +5,7 @@ import pytest
 from scripted_server import Reply, ScriptedServer
 
 from flink_memory.config import load_config
-from flink_memory.llm.client import ChatRequest, LLMCallError, LLMClient
+from flink_memory.llm.client import ChatRequest, ContextOverflow, LLMCallError, LLMClient
 from flink_memory.tokens import RequestTooLarge
 
 
@@ -105,9 +105,13 @@ def test_concurrency_limit():
 
 def test_context_window_is_enforced_before_sending(scripted):
     client = make_client(scripted, "llm.context_window=2048", "llm.max_output_tokens=128")
-    with pytest.raises(RequestTooLarge):
+    with pytest.raises(RequestTooLarge):  # the builder refuses it
         ask(client, "word " * 3000)
-    assert scripted.count() == 0
+    raw = ChatRequest.build(model="m", prompt_version="t1", messages=[{"role": "user", "content": "word " * 3000}],
+                            max_tokens=128)
+    with pytest.raises(ContextOverflow, match="not sent"):  # and so does the client, for one built elsewhere
+        client.complete(raw)
+    assert scripted.count() == 0 and client.stats.snapshot()["context_rejections"] == 1
 
 
 def test_key_is_sent_but_never_shown(scripted, monkeypatch):

@@ -38,7 +38,6 @@ def test_set_parses_yaml_scalars():
         ("llm.nope=1", "unknown key 'llm.nope'"),
         ("nosection.x=1", "unknown section 'nosection'"),
         ("justakey", "expected section.key=value"),
-        ("llm.context_window=2048", "merges need room"),
     ],
 )
 def test_invalid_values_name_key_value_and_reason(override, needle):

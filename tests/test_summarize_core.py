@@ -6,7 +6,8 @@ import pytest
 
 from flink_memory.config import load_config
 from flink_memory.llm.client import ChatResult, RequestFactory
-from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_cost
+from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
+from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import SummaryTree
 from flink_memory.tokens import estimate_messages
@@ -20,28 +21,38 @@ def unit(i, text="note", ts=None):
     return {"agent_id": "a", "unit_id": f"u{i}", "source_id": f"u{i}", "text": text, "ts": ts, "oversized": False}
 
 
+def limits_of(config):
+    budget = RequestFactory.from_config(config.llm).budget
+    return BatchLimits.from_config(config, budget), budget
+
+
 def test_batches_close_at_max_items():
-    limits = BatchLimits.from_config(cfg("batching.max_items=3"))
+    limits, budget = limits_of(cfg("batching.max_items=3"))
     buffer = BatchBuffer()
-    closed = [b for i in range(7) for b in buffer.add(unit(i), limits, 0)]
+    closed = [b for i in range(7) for b in buffer.add(unit(i), limits, 0, budget)]
     assert [len(b) for b in closed] == [3, 3]
     assert len(buffer.units) == 1
 
 
 def test_batches_close_at_token_budget():
-    limits = BatchLimits.from_config(cfg("batching.max_tokens=200"))
+    limits, budget = limits_of(cfg("batching.max_tokens=200"))
     buffer = BatchBuffer()
     text = "word " * 40
-    closed = [b for i in range(10) for b in buffer.add(unit(i, text), limits, 0)]
-    assert closed and all(sum(unit_cost(u) for u in b) <= 200 for b in closed)
+    closed = [b for i in range(10) for b in buffer.add(unit(i, text), limits, 0, budget)]
+
+    def rendered(batch):  # what the batch request renders, counted entry by entry
+        packer = Packer(budget.counter)
+        return sum(packer.add(unit_entry(u)) for u in batch)
+
+    assert closed and all(rendered(b) <= 200 for b in closed)
     assert sum(len(b) for b in closed) + len(buffer.units) == 10
 
 
 def test_oversized_unit_is_a_batch_of_its_own():
-    limits = BatchLimits.from_config(cfg("batching.max_tokens=200"))
+    limits, budget = limits_of(cfg("batching.max_tokens=200"))
     buffer = BatchBuffer()
-    buffer.add(unit(0), limits, 0)
-    closed = buffer.add(unit(1, "word " * 1000), limits, 0)
+    buffer.add(unit(0), limits, 0, budget)
+    closed = buffer.add(unit(1, "word " * 1000), limits, 0, budget)
     assert [[u["unit_id"] for u in b] for b in closed] == [["u0"], ["u1"]]
 
 
@@ -65,7 +76,7 @@ def test_reduce_never_exceeds_the_window_and_keeps_every_word(window):
     config = cfg(f"llm.context_window={window}", "llm.max_output_tokens=64", "chunking.max_chunk_tokens=256")
     factory = RequestFactory.from_config(config.llm)
     huge = " ".join(f"w{i}" for i in range(6000))
-    job = ReduceJob("batch", [{"id": "big", "text": huge}, {"id": "small", "text": "tiny"}])
+    job = ReduceJob("batch", [{"text": huge}, {"text": "tiny"}])
     sent = []
 
     def echo_words(request):
@@ -84,7 +95,7 @@ def test_reduce_never_exceeds_the_window_and_keeps_every_word(window):
 def test_reduce_is_deterministic():
     factory = RequestFactory.from_config(
         cfg("llm.context_window=1024", "llm.max_output_tokens=64", "chunking.max_chunk_tokens=256").llm)
-    entries = [{"id": f"i{k}", "text": "alpha beta " * 60} for k in range(12)]
+    entries = [{"text": "alpha beta " * 60} for k in range(12)]
     a = [r.digest for r in ReduceJob("batch", list(entries)).requests(factory)]
     b = [r.digest for r in ReduceJob("batch", list(entries)).requests(factory)]
     assert a == b and len(a) > 1

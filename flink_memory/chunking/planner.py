@@ -24,7 +24,7 @@ from flink_memory.records import (
     TrustedConversation,
     format_ts,
 )
-from flink_memory.tokens import estimate_messages, estimate_tokens, split_text
+from flink_memory.tokens import estimate_tokens, split_text
 
 PLAN_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -33,7 +33,10 @@ PLAN_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 PREVIEW_TOKENS = 160
-_PLAN_OUTPUT_TOKENS = 256
+PLAN_OUTPUT_TOKENS = 256
+# an answer of N end indices takes up to ~4 tokens each, so a window lists at most this many exchanges
+MAX_WINDOW_EXCHANGES = (PLAN_OUTPUT_TOKENS - 16) // 4
+MAX_REJECTIONS = 8
 
 SYSTEM = (
     "You split a conversation into chunks by topic. The user message lists numbered exchanges; their "
@@ -73,10 +76,21 @@ class PlanJob:
     calls: int = 0
     attempts: int = 0
     retry_at_ms: int = 0
+    scale: float | None = None  # the counter's scale when the plan started (kept, so replays match)
+    rejections: int = 0
+
+    def rejected(self, counter_scale: float) -> bool:
+        """The window was refused for its length: plan it with smaller windows (False once tried too often)."""
+        if self.rejections >= MAX_REJECTIONS:
+            return False
+        self.rejections += 1
+        self.scale = max((self.scale or 1.0) * 1.25, counter_scale)
+        return True
 
     def to_state(self) -> dict[str, Any]:
         return {"cursor": self.cursor, "accepted": self.accepted, "calls": self.calls,
-                "attempts": self.attempts, "retry_at_ms": self.retry_at_ms}
+                "attempts": self.attempts, "retry_at_ms": self.retry_at_ms, "scale": self.scale,
+                "rejections": self.rejections}
 
     @classmethod
     def from_state(cls, data: dict[str, Any]) -> PlanJob:
@@ -97,8 +111,7 @@ class ChunkPlanner:
         self.factory = factory
         self.max_tokens = config.chunking.max_chunk_tokens
         self.fingerprint = config.chunking_fingerprint()
-        room = factory.budget.input_tokens
-        self.window_tokens = min(config.chunking.planner_window_tokens or room, room)
+        self.window_tokens = config.chunking.planner_window_tokens
 
     # --- routing ------------------------------------------------------------------------------------
 
@@ -163,27 +176,40 @@ class ChunkPlanner:
 
     # --- the semantic planner ------------------------------------------------------------------------
 
-    def _window(self, prepared: Prepared, cursor: int) -> tuple[int, list[str]]:
-        """Exchanges from `cursor` that fit one planning request; returns the window's last index."""
-        last = len(prepared.exchanges) - 1
-        frame = estimate_messages(self._messages(cursor, [], last)) + 16
+    def _room(self, scale: float | None) -> int:
+        """Tokens the exchange lines of one planning request may take (window, answer and frame deducted)."""
+        budget = self.factory.budget
+        frame = budget.counter.request(self._messages(10**6, [], 10**6), scale) + 1
+        room = budget.prompt_room(PLAN_OUTPUT_TOKENS)
+        return (min(room, self.window_tokens) if self.window_tokens else room) - frame
+
+    def preview_tokens(self, scale: float | None) -> int:
+        """Preview length of one exchange: at most PREVIEW_TOKENS, and small enough that 4 lines fit."""
+        return max(8, min(PREVIEW_TOKENS, int(self._room(scale) / max(scale or 1.0, 1.0)) // 4 - 24))
+
+    def _window(self, prepared: Prepared, job: PlanJob) -> tuple[int, list[str]]:
+        """Exchanges from the cursor that fit one planning request; returns the window's last index."""
+        if job.scale is None:
+            job.scale = self.factory.counter.scale
+        cursor, last = job.cursor, len(prepared.exchanges) - 1
+        room, preview = self._room(job.scale), self.preview_tokens(job.scale)
         lines: list[str] = []
-        used = frame
+        used = 0
         end = cursor
-        for index in range(cursor, last + 1):
-            line = self._line(prepared, index)
-            cost = estimate_tokens(line) + 1
-            if lines and used + cost > self.window_tokens:
+        for index in range(cursor, min(last, cursor + MAX_WINDOW_EXCHANGES - 1) + 1):
+            line = self._line(prepared, index, preview)
+            cost = self.factory.counter.tokens(line, job.scale) + 1
+            if lines and used + cost > room:
                 break
             lines.append(line)
             used += cost
             end = index
         return end, lines
 
-    def _line(self, prepared: Prepared, index: int) -> str:
+    def _line(self, prepared: Prepared, index: int, preview_tokens: int) -> str:
         first, last = prepared.exchanges[index]
         text = core.render_messages(prepared.messages[first : last + 1])
-        preview = split_text(text, PREVIEW_TOKENS)[0]
+        preview = split_text(text, preview_tokens)[0]
         if len(preview) < len(text):
             preview += " [...]"
         return f"[{index}] (~{prepared.costs[index]} tokens) " + json.dumps(preview, ensure_ascii=False)
@@ -196,13 +222,13 @@ class ChunkPlanner:
     def request(self, prepared: Prepared, job: PlanJob) -> ChatRequest:
         if self.config.llm.batch_api:
             raise PlannerRefused("semantic planning is refused with llm.batch_api: true")
-        end, lines = self._window(prepared, job.cursor)
+        end, lines = self._window(prepared, job)
         return self.factory.build(self._messages(job.cursor, lines, end), prompt_version=PLANNER_PROMPT_VERSION,
-                                  max_tokens=_PLAN_OUTPUT_TOKENS, json_schema=PLAN_SCHEMA)
+                                  max_tokens=PLAN_OUTPUT_TOKENS, json_schema=PLAN_SCHEMA, scale=job.scale)
 
     def advance(self, prepared: Prepared, job: PlanJob, answer: str) -> list[int] | None:
         """Check one window's answer; the full plan once the last window is done. Raises InvalidPlan."""
-        end, _ = self._window(prepared, job.cursor)
+        end, _ = self._window(prepared, job)
         try:
             parsed = json.loads(answer.strip())
         except ValueError:

@@ -35,6 +35,7 @@ from flink_memory.llm.pool import CallPool
 from flink_memory.llm.runtime import make_client, write_stats
 from flink_memory.records import Conversation, DeadLetter, SummaryNode, parse_line, record_from_json
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
+from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import MergeStart, SummaryTree, merge_entry
 
@@ -91,8 +92,8 @@ class _Stage(KeyedProcessFunction):
 
     def open(self, runtime_context: RuntimeContext) -> None:
         self.config = Config.model_validate_json(self.config_json)
-        self.factory = RequestFactory.from_config(self.config.llm)
         self.client = make_client(self.config, self.output_dir)
+        self.factory = RequestFactory.from_config(self.config.llm, self.client.counter)
         self.pool = CallPool(self.client, self.config.llm.max_concurrency)
         self.poll_ms = self.config.job.poll_interval_ms
         self.recheck_ms = max(self.poll_ms, int(self.config.job.recheck_s * 1000))
@@ -107,6 +108,8 @@ class _Stage(KeyedProcessFunction):
         self.m_prompt = group.counter("prompt_tokens")
         self.m_completion = group.counter("completion_tokens")
         self.m_latency = group.distribution("llm_latency_ms")
+        self.m_rejections = group.counter("llm_context_rejections")
+        self.m_truncated = group.counter("llm_truncated")
         group.gauge("llm_in_flight", lambda: self.pool.in_flight())
         self.metrics = group
         self.open_state(runtime_context)
@@ -151,26 +154,38 @@ class _Stage(KeyedProcessFunction):
                 _fault_hook(self.config.job.inject_failure, "call", self.fresh_results)
             self.m_prompt.inc(result.prompt_tokens)
             self.m_completion.inc(result.completion_tokens)
+            if result.truncated:
+                self.m_truncated.inc()
+        if outcome.rejections:
+            self.m_rejections.inc(outcome.rejections)
+            log.warning("%s: %d request(s) refused for their length, re-packed smaller", self.stage,
+                        outcome.rejections)
         if outcome.state == "failed":
             self.m_failures.inc()
             self.m_retries.inc()
             log.warning("%s: provider failed, retrying later: %s", self.stage, outcome.error)
 
-    def _step(self, job: Any, requests: Any, advance: Any, *, block: bool, wait_once: bool = False) -> Outcome:
+    def _step(self, job: Any, requests: Any, advance: Any, *, block: bool, wait_once: bool = False,
+              repack: Any = None) -> Outcome:
         backoff = (self.config.llm.retry_backoff_s, self.config.llm.retry_backoff_max_s)
         if block:
             value = run_to_end(job, requests, advance, self.pool, base_backoff_s=backoff[0],
-                               max_backoff_s=backoff[1], on_outcome=self._account)
+                               max_backoff_s=backoff[1], on_outcome=self._account, repack=repack)
             return Outcome("done", value=value)
         outcome = step(job, requests, advance, self.pool, at_ms=now_ms(), base_backoff_s=backoff[0],
-                       max_backoff_s=backoff[1])
+                       max_backoff_s=backoff[1], repack=repack)
         self._account(outcome)
         if wait_once and outcome.state == "pending":
             self.pool.wait(requests(), timeout_s=self.config.llm.timeout_s * (self.config.llm.max_retries + 1))
             outcome = step(job, requests, advance, self.pool, at_ms=now_ms(), base_backoff_s=backoff[0],
-                           max_backoff_s=backoff[1])
+                           max_backoff_s=backoff[1], repack=repack)
             self._account(outcome)
         return outcome
+
+    def _step_reduce(self, job: ReduceJob, *, block: bool, wait_once: bool = False) -> Outcome:
+        """Drive a summary job; a length rejection re-packs it with a larger token scale."""
+        return self._step(job, lambda: job.requests(self.factory), lambda results: job.advance(self.factory, results),
+                          block=block, wait_once=wait_once, repack=lambda: job.rejected(self.factory.budget))
 
     @staticmethod
     def _end_phase(timestamp: int) -> int | None:
@@ -293,7 +308,8 @@ class PlanChunks(_Stage):
             return plan
 
         try:
-            outcome = self._step(job, requests, advance, block=block, wait_once=wait_once)
+            outcome = self._step(job, requests, advance, block=block, wait_once=wait_once,
+                                 repack=lambda: job.rejected(self.factory.counter.scale))
         except LLMCallError as exc:  # only from blocking mode, which retries; kept for completeness
             outcome = Outcome("failed", error=exc)
         if outcome.state == "done" and outcome.value != "invalid":
@@ -387,7 +403,7 @@ class BatchSummaries(_Stage):
     stage = "batcher"
 
     def open_state(self, runtime_context: RuntimeContext) -> None:
-        self.limits = BatchLimits.from_config(self.config)
+        self.limits = BatchLimits.from_config(self.config, self.factory.budget)
         self.flush_ms = int(self.config.batching.flush_after_s * 1000)
         self.buffer = runtime_context.get_state(ValueStateDescriptor("buffer", Types.STRING()))
         self.pending = runtime_context.get_state(ValueStateDescriptor("pending", Types.STRING()))
@@ -401,7 +417,8 @@ class BatchSummaries(_Stage):
         buffer = BatchBuffer.from_state(_load(self.buffer, None))
         pending = _load(self.pending, {"next_seq": 1, "batches": []})
         was_empty = not buffer.units
-        for batch in buffer.add(unit, self.limits, ctx.timer_service().current_processing_time()):
+        for batch in buffer.add(unit, self.limits, ctx.timer_service().current_processing_time(),
+                                self.factory.budget):
             self._open_batch(pending, batch)
         if buffer.units and was_empty:
             self._poll_later(ctx, buffer.opened_at_ms + self.flush_ms)
@@ -431,7 +448,7 @@ class BatchSummaries(_Stage):
     def _open_batch(self, pending: dict[str, Any], units: list[dict[str, Any]]) -> None:
         seq = pending["next_seq"]
         pending["next_seq"] += 1
-        job = ReduceJob("batch", [unit_entry(u) for u in units])
+        job = ReduceJob("batch", [unit_entry(u) for u in units], target_tokens=self.limits.target_tokens)
         pending["batches"].append({
             "seq": seq,
             "units": [u["unit_id"] for u in units],
@@ -445,9 +462,7 @@ class BatchSummaries(_Stage):
             if batch["text"] is not None:
                 continue
             job = ReduceJob.from_state(batch["job"])
-            outcome = self._step(job, lambda job=job: job.requests(self.factory),
-                                 lambda results, job=job: job.advance(self.factory, results),
-                                 block=block, wait_once=wait_once)
+            outcome = self._step_reduce(job, block=block, wait_once=wait_once)
             if outcome.state == "done":
                 batch["text"] = outcome.value
             batch["job"] = job.to_state()
@@ -460,7 +475,7 @@ class BatchSummaries(_Stage):
                 children=batch["units"], text=batch["text"], item_count=len(batch["units"]),
                 first_ts=batch["ts"][0] if batch["ts"] else None, last_ts=batch["ts"][-1] if batch["ts"] else None,
                 model=",".join(job["models"]) or self.config.llm.model, prompt_tokens=job["prompt_tokens"],
-                completion_tokens=job["completion_tokens"],
+                completion_tokens=job["completion_tokens"], truncated=job["truncated"],
             )
             self.m_batches.inc()
             yield agent_id, node.model_dump_json()
@@ -487,6 +502,7 @@ class MergeSummaries(_Stage):
         self.retention = self.config.summarization.retention
         self.refresh_ms = int(self.config.summarization.global_refresh_s * 1000)
         self.fan_in = self.config.summarization.fan_in
+        self.merge_target = child_target(self.factory.budget, self.fan_in)
         self.m_merges = self.metrics.counter("merges")
         self.m_globals = self.metrics.counter("globals")
 
@@ -527,7 +543,7 @@ class MergeSummaries(_Stage):
         return tree, jobs
 
     def _open_merge(self, jobs: dict[str, Any], start: MergeStart) -> None:
-        job = ReduceJob("merge", [merge_entry(c) for c in start.children])
+        job = ReduceJob("merge", [merge_entry(c) for c in start.children], target_tokens=self.merge_target)
         jobs["merges"].append({"node_id": start.node_id, "level": start.level, "children": start.children,
                                "job": job.to_state()})
 
@@ -538,9 +554,7 @@ class MergeSummaries(_Stage):
             progressed = False
             for merge in list(jobs["merges"]):
                 job = ReduceJob.from_state(merge["job"])
-                outcome = self._step(job, lambda job=job: job.requests(self.factory),
-                                     lambda results, job=job: job.advance(self.factory, results),
-                                     block=block, wait_once=wait_once)
+                outcome = self._step_reduce(job, block=block, wait_once=wait_once)
                 merge["job"] = job.to_state()
                 if outcome.state != "done":
                     continue
@@ -566,9 +580,7 @@ class MergeSummaries(_Stage):
                 if len(spec["children"]) == 1:  # one node is its own global summary: no call needed
                     outcome = Outcome("done", value=spec["children"][0]["text"])
                 else:
-                    outcome = self._step(job, lambda job=job: job.requests(self.factory),
-                                         lambda results, job=job: job.advance(self.factory, results),
-                                         block=block, wait_once=wait_once)
+                    outcome = self._step_reduce(job, block=block, wait_once=wait_once)
                 spec["job"] = job.to_state()
                 if outcome.state == "done":
                     node = _parent(agent_id, spec["node_id"], "global", 0, spec["children"], outcome.value, job,
@@ -603,5 +615,5 @@ def _parent(agent_id: str, node_id: str, kind: str, level: int, children: list[d
         children=[c["node_id"] for c in children], text=text, item_count=sum(c["item_count"] for c in children),
         first_ts=min(firsts) if firsts else None, last_ts=max(lasts) if lasts else None,
         model=",".join(job.models) or model, prompt_tokens=job.prompt_tokens,
-        completion_tokens=job.completion_tokens, version=version,
+        completion_tokens=job.completion_tokens, version=version, truncated=job.truncated,
     )

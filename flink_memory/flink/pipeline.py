@@ -25,6 +25,7 @@ from pyflink.datastream.connectors.file_system import (
     StreamFormat,
 )
 
+from flink_memory import budgets
 from flink_memory.config import Config
 from flink_memory.flink.operators import (
     DEAD_LETTERS,
@@ -140,6 +141,7 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     Returns the summary nodes, manifests and dead letters as DataStreams of JSON strings. The operator
     uids are fixed (see UIDS), so a job that embeds these operators can restore their state.
     """
+    budgets.check(config)
     config_json = config.model_dump_json()
     lines = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
     parsed = lines.process(ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])

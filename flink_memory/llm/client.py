@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import threading
 import time
 from dataclasses import dataclass, field
@@ -20,7 +21,7 @@ import openai
 
 from flink_memory.config import LLMConfig
 from flink_memory.digests import digest
-from flink_memory.tokens import Budget
+from flink_memory.tokens import Budget, RequestTooLarge, TokenCounter
 
 if TYPE_CHECKING:
     from flink_memory.llm.journal import Journal
@@ -91,9 +92,10 @@ class RequestFactory:
     temperature: float = 0.0
     seed: int | None = None
     structured_output: bool = True
+    counter: TokenCounter = field(default_factory=TokenCounter, compare=False, repr=False)
 
     @classmethod
-    def from_config(cls, config: LLMConfig) -> RequestFactory:
+    def from_config(cls, config: LLMConfig, counter: TokenCounter | None = None) -> RequestFactory:
         return cls(
             model=config.model,
             max_output_tokens=config.max_output_tokens,
@@ -101,11 +103,12 @@ class RequestFactory:
             temperature=config.temperature,
             seed=config.seed,
             structured_output=config.structured_output,
+            counter=counter or TokenCounter(),
         )
 
     @property
     def budget(self) -> Budget:
-        return Budget(self.context_window, self.max_output_tokens)
+        return Budget(self.context_window, self.max_output_tokens, self.counter)
 
     def build(
         self,
@@ -114,7 +117,9 @@ class RequestFactory:
         prompt_version: str,
         max_tokens: int | None = None,
         json_schema: dict[str, Any] | None = None,
+        scale: float | None = None,
     ) -> ChatRequest:
+        """A request that fits the window by the counter at `scale` (the job's frozen scale)."""
         request = ChatRequest.build(
             model=self.model,
             prompt_version=prompt_version,
@@ -124,7 +129,7 @@ class RequestFactory:
             seed=self.seed,
             json_schema=json_schema if self.structured_output else None,
         )
-        self.budget.check(messages, request.max_tokens)
+        self.budget.check(messages, request.max_tokens, scale)
         return request
 
 
@@ -136,10 +141,35 @@ class ChatResult:
     model: str
     from_journal: bool = False
     latency_s: float = 0.0
+    truncated: bool = False  # the provider stopped at max_tokens (finish_reason "length")
 
 
 class LLMCallError(RuntimeError):
     """The provider failed after the SDK's retries; the caller keeps the work and tries again later."""
+
+
+class ContextOverflow(LLMCallError):
+    """The request is too long for the model (the provider said so, or our count now says so): re-pack it."""
+
+
+# HTTP 400 texts of providers that reject a prompt for its length (llama.cpp, OpenAI, vLLM, Ollama, ...)
+_LENGTH_REJECTION = re.compile(
+    r"exceed_context_size|exceeds the available context|context[_ ]length|maximum context|context window|"
+    r"too many tokens|prompt is too long|input is too long", re.IGNORECASE)
+_REPORTED_COUNT = re.compile(
+    r"request \((\d+) tokens\)|resulted in (\d+) tokens|requested (\d+) tokens|n_prompt_tokens\D{0,4}(\d+)")
+
+
+def length_rejection(exc: Exception) -> tuple[bool, int | None]:
+    """Whether a provider error says the prompt is too long, and the prompt size it reported."""
+    if not isinstance(exc, openai.BadRequestError):
+        return False, None
+    text = f"{exc} {getattr(exc, 'body', '')}"
+    if not _LENGTH_REJECTION.search(text):
+        return False, None
+    match = _REPORTED_COUNT.search(text)
+    reported = next((int(g) for g in match.groups() if g), None) if match else None
+    return True, reported
 
 
 @dataclass
@@ -154,6 +184,9 @@ class UsageStats:
     completion_tokens: int = 0
     latency_s: float = 0.0
     max_prompt_estimate: int = 0
+    max_prompt_tokens: int = 0
+    context_rejections: int = 0
+    truncated: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -163,8 +196,8 @@ class UsageStats:
     def add(self, **values: float) -> None:
         with self._lock:
             for name, value in values.items():
-                if name == "max_prompt_estimate":
-                    self.max_prompt_estimate = max(self.max_prompt_estimate, int(value))
+                if name.startswith("max_"):
+                    setattr(self, name, max(getattr(self, name), int(value)))
                 else:
                     setattr(self, name, getattr(self, name) + value)
 
@@ -180,6 +213,9 @@ class UsageStats:
                 "completion_tokens": self.completion_tokens,
                 "latency_s": round(self.latency_s, 3),
                 "max_prompt_estimate": self.max_prompt_estimate,
+                "max_prompt_tokens": self.max_prompt_tokens,
+                "context_rejections": self.context_rejections,
+                "truncated": self.truncated,
             }
 
 
@@ -193,12 +229,14 @@ class LLMClient:
         *,
         journal: Journal | None = None,
         api_key: str | None = None,
+        counter: TokenCounter | None = None,
     ) -> None:
         self.config = config
         self.base_url = base_url.rstrip("/")
         if not self.base_url.endswith("/v1"):
             self.base_url += "/v1"
-        self.requests = RequestFactory.from_config(config)
+        self.counter = counter or TokenCounter()
+        self.requests = RequestFactory.from_config(config, self.counter)
         self.budget = self.requests.budget
         self.stats = UsageStats()
         self.journal = journal
@@ -222,14 +260,18 @@ class LLMClient:
     def complete(self, request: ChatRequest) -> ChatResult:
         """One completion: from the journal when it holds this request, else from the provider."""
         messages = request.message_dicts()
-        estimate = self.budget.check(messages, request.max_tokens)
-        self.stats.add(max_prompt_estimate=estimate)
         key = request.digest
         if self.journal is not None:
             cached = self.journal.get(key, request.canonical())
             if cached is not None:
                 self.stats.add(journal_hits=1)
                 return cached
+        try:  # the counter may have learned since the request was packed: never send what may not fit
+            estimate = self.budget.check(messages, request.max_tokens)
+        except RequestTooLarge as exc:
+            self.stats.add(context_rejections=1)
+            raise ContextOverflow(f"not sent: {exc}") from None
+        self.stats.add(max_prompt_estimate=estimate)
         kwargs: dict[str, Any] = {
             "model": request.model,
             "messages": messages,
@@ -251,10 +293,17 @@ class LLMClient:
                 response = self._sdk.chat.completions.create(**kwargs)
             except (openai.OpenAIError, ValueError) as exc:  # ValueError: a body that is not JSON
                 self.stats.add(failures=1, latency_s=time.monotonic() - started)
+                too_long, reported = length_rejection(exc)
+                if too_long:
+                    self.stats.add(context_rejections=1)
+                    self.counter.observe(messages, reported or estimate + estimate // 4 + 1)
+                    raise ContextOverflow(f"provider rejected the prompt for its length: {_safe_message(exc)}") \
+                        from None
                 raise LLMCallError(f"{type(exc).__name__}: {_safe_message(exc)}") from None
         elapsed = time.monotonic() - started
         try:
             text = response.choices[0].message.content or ""
+            truncated = response.choices[0].finish_reason == "length"
             usage = response.usage
             prompt_tokens = int(usage.prompt_tokens) if usage else 0
             completion_tokens = int(usage.completion_tokens) if usage else 0
@@ -267,9 +316,13 @@ class LLMClient:
             completion_tokens=completion_tokens,
             model=getattr(response, "model", None) or request.model,
             latency_s=elapsed,
+            truncated=truncated,
         )
+        if prompt_tokens:
+            self.counter.observe(messages, prompt_tokens)
         self.stats.add(
-            calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed
+            calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed,
+            max_prompt_tokens=prompt_tokens, truncated=int(truncated),
         )
         if self.journal is not None:
             self.journal.put(key, request.canonical(), result)

@@ -7,7 +7,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from flink_memory.llm.client import ChatRequest, ChatResult, LLMCallError
+from flink_memory.llm.client import ChatRequest, ChatResult, ContextOverflow, LLMCallError
 from flink_memory.llm.pool import CallPool
 
 
@@ -22,6 +22,7 @@ class Outcome:
     value: Any = None
     error: BaseException | None = None
     results: list[ChatResult] = field(default_factory=list)
+    rejections: int = 0  # requests re-packed after a length rejection
 
 
 def backoff_ms(attempts: int, base_s: float, max_s: float) -> int:
@@ -56,13 +57,17 @@ def step(
     at_ms: int,
     base_backoff_s: float,
     max_backoff_s: float,
+    repack: Callable[[], bool] | None = None,
 ) -> Outcome:
     """Advance a job as far as finished calls allow; submits what it needs next.
 
-    Provider failures (LLMCallError) put the job to sleep with exponential backoff; it stays in state.
-    Anything else is a bug and is raised, so Flink restarts from the last checkpoint.
+    A request refused for its length (ContextOverflow) is re-packed smaller at once by `repack` (which says
+    False once it has tried too often). Other provider failures (LLMCallError) put the job to sleep with
+    exponential backoff; it stays in state. Anything else is a bug and is raised, so Flink restarts from the
+    last checkpoint.
     """
     consumed: list[ChatResult] = []
+    rejections = 0
     while True:
         if job.retry_at_ms > at_ms:
             return Outcome("waiting", results=consumed)
@@ -71,23 +76,27 @@ def step(
             pool.submit(request)
         results = [pool.poll(request) for request in wanted]
         if any(result is None for result in results):
-            return Outcome("pending", results=consumed)
+            return Outcome("pending", results=consumed, rejections=rejections)
         failed = [(req, res) for req, res in zip(wanted, results) if isinstance(res, BaseException)]
         if failed:
             pool.forget(req for req, _ in failed)
             error = failed[0][1]
             if not isinstance(error, LLMCallError):
                 raise error
+            if isinstance(error, ContextOverflow) and repack is not None and repack():
+                pool.forget(wanted)
+                rejections += 1
+                continue
             job.attempts += 1
             job.retry_at_ms = at_ms + backoff_ms(job.attempts, base_backoff_s, max_backoff_s)
-            return Outcome("failed", error=error, results=consumed)
+            return Outcome("failed", error=error, results=consumed, rejections=rejections)
         pool.forget(wanted)
         done = [r for r in results if isinstance(r, ChatResult)]
         consumed.extend(done)
         value = advance(done)
         job.attempts = 0
         if value is not None:
-            return Outcome("done", value=value, results=consumed)
+            return Outcome("done", value=value, results=consumed, rejections=rejections)
 
 
 def run_to_end(
@@ -99,11 +108,12 @@ def run_to_end(
     base_backoff_s: float,
     max_backoff_s: float,
     on_outcome: Callable[[Outcome], None] | None = None,
+    repack: Callable[[], bool] | None = None,
 ) -> Any:
     """Block until the job is done (end of a bounded input): waits out backoffs, never gives up."""
     while True:
         outcome = step(job, requests, advance, pool, at_ms=now_ms(), base_backoff_s=base_backoff_s,
-                       max_backoff_s=max_backoff_s)
+                       max_backoff_s=max_backoff_s, repack=repack)
         if on_outcome is not None:
             on_outcome(outcome)
         if outcome.state == "done":

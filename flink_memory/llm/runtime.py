@@ -9,6 +9,7 @@ from pathlib import Path
 
 from flink_memory.config import Config
 from flink_memory.llm.client import LLMClient
+from flink_memory.tokens import TokenCounter, make_calibration, open_tokenizer
 
 
 def resolve_base_url(config: Config) -> str:
@@ -31,7 +32,10 @@ def make_client(config: Config, output_dir: str | None = None) -> LLMClient:
 
         journal = SqliteJournal(config.journal.path, max_entries=config.journal.max_entries,
                                 max_age_days=config.journal.max_age_days)
-    return LLMClient(config.llm, resolve_base_url(config), journal=journal)
+    base_url = resolve_base_url(config)
+    tokenizer = open_tokenizer(config.llm.tokenizer, base_url, config.llm.provider, config.llm.model)
+    counter = TokenCounter(tokenizer, make_calibration(tokenizer))
+    return LLMClient(config.llm, base_url, journal=journal, counter=counter)
 
 
 def write_stats(output_dir: str | None, stage: str, subtask: int, attempt: int, stats: dict[str, float]) -> None:

@@ -6,31 +6,27 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flink_memory.config import Config
-from flink_memory.summarize.prompts import element
-from flink_memory.summarize.reduce import frame_tokens
-from flink_memory.tokens import Budget, estimate_tokens
+from flink_memory.summarize.prompts import Packer, child_target, entry_room
+from flink_memory.tokens import Budget
 
 
 def unit_entry(unit: dict[str, Any]) -> dict[str, Any]:
-    """How a memory unit appears in a batch prompt."""
-    entry = {"id": unit["unit_id"], "ts": unit.get("ts"), "text": unit["text"]}
-    return {k: v for k, v in entry.items() if v is not None}
-
-
-def unit_cost(unit: dict[str, Any]) -> int:
-    return estimate_tokens(element(unit_entry(unit))) + 2
+    """How a memory unit appears in a batch prompt: its text and its time."""
+    return {"text": unit["text"], "from": unit.get("ts"), "to": unit.get("ts")}
 
 
 @dataclass(frozen=True)
 class BatchLimits:
     max_items: int
     max_tokens: int
+    target_tokens: int  # summary length asked of a batch, so that fan_in of them fit one merge
 
     @classmethod
-    def from_config(cls, config: Config) -> BatchLimits:
-        room = Budget(config.llm.context_window, config.llm.max_output_tokens).input_tokens - frame_tokens("batch")
+    def from_config(cls, config: Config, budget: Budget) -> BatchLimits:
+        target = child_target(budget, config.summarization.fan_in)
+        room = entry_room(budget, "batch", target)
         wanted = config.batching.max_tokens
-        return cls(config.batching.max_items, min(room, wanted) if wanted else room)
+        return cls(config.batching.max_items, min(room, wanted) if wanted else room, target)
 
 
 @dataclass
@@ -41,15 +37,19 @@ class BatchBuffer:
     tokens: int = 0
     opened_at_ms: int | None = None
 
-    def add(self, unit: dict[str, Any], limits: BatchLimits, now_ms: int) -> list[list[dict[str, Any]]]:
+    def add(self, unit: dict[str, Any], limits: BatchLimits, now_ms: int,
+            budget: Budget) -> list[list[dict[str, Any]]]:
         """Add one unit; returns the batches this closes, oldest first.
 
-        A unit larger than the whole budget is a batch of its own (the reduce job splits its text).
+        Costs are counted as the batch request renders them (a date line only where the day changes). A unit
+        larger than the whole budget is a batch of its own (the reduce job splits its text).
         """
         closed: list[list[dict[str, Any]]] = []
-        cost = unit_cost(unit)
+        packer = self._packer(budget)
+        cost = packer.cost(unit_entry(unit))
         if self.units and self.tokens + cost > limits.max_tokens:
             closed.append(self.take())
+            cost = self._packer(budget).cost(unit_entry(unit))
         if not self.units:
             self.opened_at_ms = now_ms
         self.units.append(unit)
@@ -57,6 +57,11 @@ class BatchBuffer:
         if len(self.units) >= limits.max_items or self.tokens >= limits.max_tokens:
             closed.append(self.take())
         return closed
+
+    def _packer(self, budget: Budget) -> Packer:
+        """A packer positioned after the buffered units (only the last one's date matters)."""
+        last = unit_entry(self.units[-1]) if self.units else None
+        return Packer.after(budget.counter, len(self.units), self.tokens, last)
 
     def take(self) -> list[dict[str, Any]]:
         units, self.units, self.tokens, self.opened_at_ms = self.units, [], 0, None

@@ -10,14 +10,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from flink_memory.summarize.reduce import _cost, frame_tokens
+from flink_memory.summarize.prompts import Packer, entry_room
 from flink_memory.tokens import Budget
 
 
 def merge_entry(node: dict[str, Any]) -> dict[str, Any]:
-    """How a child node appears in a merge prompt: its id, its time range, its text."""
-    entry = {"id": node["node_id"], "from": node.get("first_ts"), "to": node.get("last_ts"), "summary": node["text"]}
-    return {k: v for k, v in entry.items() if v is not None}
+    """How a child node appears in a merge prompt: its time range and its text."""
+    return {"text": node["text"], "from": node.get("first_ts"), "to": node.get("last_ts")}
 
 
 @dataclass(frozen=True)
@@ -58,22 +57,22 @@ class SummaryTree:
 
     def _form_groups(self, level: int, fan_in: int, budget: Budget) -> list[MergeStart]:
         started: list[MergeStart] = []
-        limit = budget.input_tokens - frame_tokens("merge")
+        limit = entry_room(budget, "merge", budget.max_output_tokens)
         slots = self._level(level)
         while True:
             group: list[dict[str, Any]] = []
-            used = 0
+            packer = Packer(budget.counter)
             ready = False
             for slot in slots:
                 if slot["node"] is None:
                     break  # an earlier merge is still running: keep chronology, wait for it
-                cost = _cost(merge_entry(slot["node"]))
-                if len(group) >= 2 and used + cost > limit:
+                entry = merge_entry(slot["node"])
+                if len(group) >= 2 and packer.used + packer.cost(entry) > limit:
                     ready = True  # the next node would not fit this request
                     break
                 group.append(slot["node"])
-                used += cost
-                if len(group) >= fan_in or (len(group) == 2 and used > limit):
+                packer.add(entry)
+                if len(group) >= fan_in or (len(group) == 2 and packer.used > limit):
                     ready = True  # two nodes that do not fit one request: the merge job condenses them
                     break
             if not ready or not group:
