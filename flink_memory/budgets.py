@@ -13,8 +13,9 @@ from flink_memory.llm.client import RequestFactory
 from flink_memory.summarize.prompts import Packer, child_target, entry_room
 from flink_memory.tokens import TokenCounter
 
-# A summary of N model tokens may count up to this many N by the uncalibrated estimate (English ~3x).
-ESTIMATE_OUTPUT_FACTOR = 3
+# A summary of N model tokens counts up to this many N by the calibrated estimate (merges and later rounds
+# are packed after the first responses have calibrated the count; an exact tokenizer counts 1).
+CALIBRATED_OUTPUT_FACTOR = 1.5
 MIN_BATCH_ROOM = 64
 MIN_PLANNER_LINES = 4
 
@@ -31,9 +32,9 @@ def problems(config: Config, counter: TokenCounter | None = None) -> list[str]:
     batch_room = entry_room(budget, "batch", target)
     if batch_room < MIN_BATCH_ROOM:
         found.append(f"a batch request has room for {batch_room} tokens of items (needs {MIN_BATCH_ROOM})")
-    factor = 1 if counter.exact else ESTIMATE_OUTPUT_FACTOR
+    factor = 1 if counter.exact else CALIBRATED_OUTPUT_FACTOR
     summary = Packer(counter).cost({"text": "x", "from": "2026-01-01", "to": "2026-12-31"})
-    summary += config.llm.max_output_tokens * factor
+    summary += int(config.llm.max_output_tokens * factor)
     for purpose in ("merge", "global", "part"):
         room = entry_room(budget, purpose, config.llm.max_output_tokens)
         if room < 2 * summary:

@@ -146,12 +146,16 @@ class ServerTokenizer:
         return self._tokens(prompt, True)
 
     def _measure_template(self) -> tuple[int, int]:
-        """Per-message and per-request template tokens, from a one- and a two-message rendering."""
+        """Per-message and per-request template tokens, from a one- and a two-message rendering.
+
+        Both start with a system message, as every request of ours does: some templates (SmolLM2's) insert a
+        default system prompt when there is none.
+        """
         hello, user, system = self.count("hello"), self.count("user"), self.count("system")
-        one = self._rendered([{"role": "user", "content": "hello"}])
+        one = self._rendered([{"role": "system", "content": "hello"}])
         two = self._rendered([{"role": "system", "content": "hello"}, {"role": "user", "content": "hello"}])
-        per_message = two - one - system - hello
-        per_request = one - per_message - user - hello
+        per_message = two - one - user - hello
+        per_request = one - per_message - system - hello
         if per_message < 0 or per_request < 0:
             raise ValueError(f"unexpected template counts ({one}, {two})")
         return per_message, per_request

@@ -2,7 +2,16 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flink_memory.tokens import Budget, RequestTooLarge, estimate_messages, estimate_tokens, split_text
+from flink_memory.tokens import (
+    Budget,
+    RequestTooLarge,
+    ServerTokenizer,
+    TokenCounter,
+    estimate_messages,
+    estimate_tokens,
+    make_calibration,
+    split_text,
+)
 
 VARIED = {
     "english": "The quick brown fox jumps over the lazy dog. Alice met Bob on 2024-03-05 in Paris.",
@@ -60,3 +69,55 @@ def test_estimate_never_undercounts_the_real_model(embedded_llm):
                 model="m", messages=messages, max_tokens=1, extra_body={"cache_prompt": False}
             ).usage
             assert estimate_messages(messages) >= usage.prompt_tokens, name
+
+
+JSON_ESCAPED = '{"note": "line\\nbreak \\"quoted\\" \\\\ back\\u00e9", "n": [1, 2.5e-3]}'
+
+
+@pytest.mark.slow
+@pytest.mark.embedded
+def test_server_tokenizer_counts_exactly_what_the_model_counts(embedded_llm):
+    """Our count of a whole request (template included) equals llama.cpp's usage.prompt_tokens."""
+    import openai
+
+    counter = TokenCounter(ServerTokenizer(embedded_llm.base_url))
+    client = openai.OpenAI(base_url=embedded_llm.base_url + "/v1", api_key="none")
+    for name, text in {**VARIED, "json": JSON_ESCAPED}.items():
+        for content in (text, "\n".join([text] * 4)):
+            messages = [{"role": "system", "content": "Summarize the DATA lines."}, {"role": "user", "content": content}]
+            usage = client.chat.completions.create(
+                model="m", messages=messages, max_tokens=1, extra_body={"cache_prompt": False}
+            ).usage
+            assert counter.request(messages) == usage.prompt_tokens, name
+
+
+@pytest.mark.slow
+@pytest.mark.embedded
+def test_packed_requests_fill_the_window_and_the_server_rejects_none():
+    """n_ctx = llm.context_window: batches packed to the budget by the model's tokenizer are all accepted."""
+    from flink_memory.config import load_config
+    from flink_memory.llm.client import LLMClient
+    from flink_memory.llm.embedded import EmbeddedServer
+    from flink_memory.summarize.reduce import ReduceJob
+
+    server = EmbeddedServer(context_window=640, parallel=1, threads=2)
+    try:
+        config = load_config(None, ["llm.context_window=640", "llm.max_output_tokens=16"], environ={})
+        tokenizer = ServerTokenizer(server.base_url)
+        client = LLMClient(config.llm, server.base_url, counter=TokenCounter(tokenizer, make_calibration(tokenizer)))
+        budget = client.requests.budget
+        entries = [{"text": f"{name} {k}: {text}", "from": None, "to": None}
+                   for k in range(3) for name, text in {**VARIED, "json": JSON_ESCAPED}.items()]
+        job = ReduceJob("batch", entries)
+        requests = job.requests(client.requests)
+        assert len(requests) >= 2
+        fills = []
+        for request in requests:
+            result = client.complete(request)  # raises on a rejection
+            assert result.prompt_tokens == client.counter.request(request.message_dicts())
+            assert result.prompt_tokens + request.max_tokens <= 640
+            fills.append(result.prompt_tokens / budget.prompt_room())
+        assert max(fills) >= 0.85, fills
+        assert client.stats.snapshot()["context_rejections"] == 0
+    finally:
+        server.close()

@@ -265,6 +265,8 @@ class LLMClient:
             cached = self.journal.get(key, request.canonical())
             if cached is not None:
                 self.stats.add(journal_hits=1)
+                if cached.prompt_tokens:  # the provider's count from when it was made still calibrates
+                    self.counter.observe(messages, cached.prompt_tokens)
                 return cached
         try:  # the counter may have learned since the request was packed: never send what may not fit
             estimate = self.budget.check(messages, request.max_tokens)

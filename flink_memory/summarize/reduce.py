@@ -47,7 +47,7 @@ class ReduceJob:
     purpose: Purpose
     entries: list[dict[str, Any]]
     target_tokens: int | None = None  # length asked of the final summary; None: llm.max_output_tokens
-    scale: float | None = None  # the counter's scale when the job first built a request (kept for replays)
+    scale: float | None = None  # the counter's scale when this round was first packed (kept for replays)
     round: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -126,6 +126,8 @@ class ReduceJob:
         if self.round >= MAX_ROUNDS:
             raise ReductionStalled(f"{self.purpose} summary did not converge in {MAX_ROUNDS} rounds")
         self.entries = [_condensed(group, result.text) for group, result in zip(groups, results)]
+        # the next round is packed by what the counter has learned meanwhile (kept in state from then on)
+        self.scale = max(factory.budget.counter.scale, self.scale or 0.0) if self.rejections else None
         return None
 
     def rejected(self, budget: Budget) -> bool:
