@@ -178,3 +178,22 @@ def test_postgres_journal_survives_a_dropped_connection(postgres_url):
                               "WHERE application_name = 'flink-memory journal' AND datname = current_database()")
         assert ended.fetchall() == [(True,)]
     assert journal.get(digest(body), body).text == "answer 0/1"  # reconnected once, same answer
+
+
+@pytest.mark.parametrize("ci, outcome, reason", [("true", "1 error", "PostgreSQL tests cannot run"),
+                                                 ("", "1 skipped", "no PostgreSQL server can be started here")])
+def test_without_postgres_the_tests_say_so_and_fail_under_ci(tmp_path, ci, outcome, reason):
+    """No pg_config on PATH: under CI=true the PostgreSQL tests fail, elsewhere they skip, naming the cause."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
+    env.update(PATH=str(tmp_path), CI=ci)  # a PATH with nothing on it
+    tests = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider",
+                           f"{tests / 'test_journal.py'}::test_entry_under_another_request_is_not_reused[postgres]"],
+                          cwd=tests.parent, env=env, capture_output=True, text=True, timeout=120)
+    assert outcome in done.stdout and reason in done.stdout and "pg_config is not on PATH" in done.stdout
+    assert (done.returncode != 0) == (ci == "true")
