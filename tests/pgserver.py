@@ -51,8 +51,9 @@ def _run(command: list[str], what: str) -> None:
 
 
 def start_postgres(tmpdir: str | os.PathLike[str]) -> str:
-    """Start a server with its data in `tmpdir` (created or emptied; owned by the server's user) and
-    return its URL (database `postgres`, user `postgres`). Stop it with `stop_postgres(tmpdir)`."""
+    """Start a server with its data under `tmpdir` (created if needed, handed to the server's user; it must
+    not hold a server yet) and return its URL (database and user `postgres`). Stop it with
+    `stop_postgres(tmpdir)`. As root, `tmpdir` must be reachable by the postgres user (e.g. under /tmp)."""
     bindir = _bindir()
     base = Path(tmpdir)
     base.mkdir(parents=True, exist_ok=True)
@@ -67,8 +68,13 @@ def start_postgres(tmpdir: str | os.PathLike[str]) -> str:
          "initdb")
     options = (f"-c listen_addresses=127.0.0.1 -p {port} -k {base} -c fsync=off -c synchronous_commit=off "
                "-c full_page_writes=off -c max_connections=200")
-    _run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(base / "server.log"), "-w", "-t", "60",
-          "-o", options, "start"], "pg_ctl start")
+    log = base / "server.log"
+    try:
+        _run([str(bindir / "pg_ctl"), "-D", str(data), "-l", str(log), "-w", "-t", "60", "-o", options, "start"],
+             "pg_ctl start")
+    except PostgresUnavailable as exc:
+        tail = log.read_text(errors="replace")[-800:] if log.exists() else ""
+        raise PostgresUnavailable(f"{exc}\nserver log: {tail}") from None
     return f"postgresql://postgres@127.0.0.1:{port}/postgres"
 
 
