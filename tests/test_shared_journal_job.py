@@ -1,9 +1,14 @@
 """Two jobs on one PostgreSQL journal (as TaskManagers on two machines would share it): each call is paid once."""
 
+import json
+
+import psycopg
 import pytest
 from jobkit import check_tree, conversation, items, run, topic_planner
 from pgserver import new_database
 from scripted_server import ScriptedServer
+
+from flink_memory.llm.journal import PostgresJournal
 
 pytestmark = pytest.mark.slow
 
@@ -24,5 +29,8 @@ def test_second_job_on_a_shared_postgres_journal_pays_no_call(tmp_path, postgres
         assert paid > 0 and any("response_format" in body for body in server.requests)  # planner calls too
         second = run(tmp_path, records, server.base_url, *SETTINGS, journal=journal, name="second")
         assert server.count() == paid  # every call of the second job was answered from the journal
+        distinct = len({json.dumps(body, sort_keys=True) for body in server.requests})
+    with psycopg.connect(journal) as conn:  # and the answers are in PostgreSQL, one row per request
+        assert conn.execute(f"SELECT COUNT(*) FROM {PostgresJournal.TABLE}").fetchone()[0] == distinct == paid
     check_tree(second["summaries"])
     assert nodes(second) == nodes(first) and len(first["manifests"]) == 2
