@@ -1,5 +1,9 @@
 """The one configuration model: defaults from conf/flink-memory.yaml, then environment, then --set.
 
+The defaults file is conf/flink-memory.yaml in a checkout; a wheel carries the same file as package data
+(`flink_memory/conf/flink-memory.yaml`, copied by setup.py at build time), so an installed copy runs on the
+same effective configuration. A missing defaults file is an error, never a silent fall back to built-ins.
+
 Precedence (last wins): model defaults < YAML file < `FLINK_MEMORY__SECTION__KEY` environment variables
 < `--set section.key=value`. Any invalid value stops the job at start with the key, the value and why.
 """
@@ -17,7 +21,18 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from flink_memory.digests import digest
 
 ENV_PREFIX = "FLINK_MEMORY__"
-PACKAGE_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
+CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
+
+
+def shipped_config_path() -> Path:
+    """The defaults file: the installed package's copy, else the checkout's conf/ (the source of truth)."""
+    # beside this module, not importlib.resources: flink_memory is a namespace package (no __init__.py),
+    # which importlib.resources cannot open on Python 3.10 nor through setuptools' editable finder
+    packaged = Path(__file__).resolve().parent / "conf" / "flink-memory.yaml"
+    return packaged if packaged.is_file() else CHECKOUT_CONF
+
+
+PACKAGE_CONF = shipped_config_path()
 
 # Versions of the prompts; part of the fingerprints so a prompt change never reuses old plans or results.
 PLANNER_PROMPT_VERSION = "planner-v1"
@@ -233,20 +248,22 @@ def load_config(
     """Load the YAML file (the shipped defaults when None), then environment, then `--set` overrides."""
     tree: dict[str, Any] = {}
     file_path = Path(path) if path is not None else PACKAGE_CONF
-    if path is not None or file_path.exists():
-        try:
-            loaded = yaml.safe_load(file_path.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError as exc:
-            raise ConfigError(f"config file not found: {file_path}") from exc
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"config file {file_path} is not valid YAML: {exc}") from exc
-        if not isinstance(loaded, dict):
-            raise ConfigError(f"config file {file_path} must hold a mapping of sections")
-        for section, values in loaded.items():
-            if not isinstance(values, dict):
-                raise ConfigError(f"{file_path}: section {section!r} must be a mapping")
-            for key, value in values.items():
-                _set_path(tree, f"{section}.{key}", value, str(file_path))
+    if path is None and not file_path.is_file():
+        raise ConfigError(f"the default configuration is missing from this installation (looked for {file_path}): "
+                          "reinstall flink-memory or pass --config")
+    try:
+        loaded = yaml.safe_load(file_path.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError as exc:
+        raise ConfigError(f"config file not found: {file_path}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"config file {file_path} is not valid YAML: {exc}") from exc
+    if not isinstance(loaded, dict):
+        raise ConfigError(f"config file {file_path} must hold a mapping of sections")
+    for section, values in loaded.items():
+        if not isinstance(values, dict):
+            raise ConfigError(f"{file_path}: section {section!r} must be a mapping")
+        for key, value in values.items():
+            _set_path(tree, f"{section}.{key}", value, str(file_path))
     for dotted, value, origin in env_overrides(os.environ if environ is None else environ):
         _set_path(tree, dotted, value, origin)
     for dotted, value, origin in set_overrides(overrides):

@@ -1,4 +1,7 @@
+import os
+import shutil
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -6,6 +9,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
+from pgserver import PostgresUnavailable, start_postgres, stop_postgres  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
 
@@ -23,3 +27,19 @@ def embedded_llm():
     server = EmbeddedServer(context_window=4096, parallel=2, threads=2)
     yield server
     server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """One PostgreSQL server for the session (tests/pgserver.py); without one: fail under CI=true, else skip."""
+    base = tempfile.mkdtemp(prefix="flink-memory-pg-")  # under /tmp: reachable by the postgres user
+    try:
+        url = start_postgres(base)
+    except PostgresUnavailable as exc:
+        shutil.rmtree(base, ignore_errors=True)
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"PostgreSQL tests cannot run: {exc}")
+        pytest.skip(f"no PostgreSQL server can be started here: {exc}")
+    yield url
+    stop_postgres(base)
+    shutil.rmtree(base, ignore_errors=True)

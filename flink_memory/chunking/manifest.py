@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from typing import Any
 
@@ -76,15 +77,24 @@ def build_manifest(
     )
 
 
+def check_schema_version(stored: str) -> None:
+    """Refuse a manifest of another schema before reading its fields (a newer layout may not parse as ours)."""
+    try:
+        version = json.loads(stored).get("schema_version")
+    except (ValueError, AttributeError) as exc:
+        raise ManifestMismatch(f"stored manifest is not a JSON object: {exc}") from None
+    if version != SCHEMA_VERSION:
+        raise ManifestMismatch(f"stored manifest has schema_version {version!r}; this release reads only "
+                               f"schema_version {SCHEMA_VERSION}: plan it afresh or use the release that wrote it")
+
+
 def load_verified(stored: str, *, input_digest: str, policy_fingerprint: str) -> ChunkManifest:
     """Parse a stored manifest and check its own digests; raise ManifestMismatch on any doubt."""
+    check_schema_version(stored)
     try:
         manifest = ChunkManifest.model_validate_json(stored)
     except ValueError as exc:
         raise ManifestMismatch(f"stored manifest does not parse: {exc}") from None
-    if manifest.schema_version != SCHEMA_VERSION:
-        raise ManifestMismatch(f"stored manifest has schema_version {manifest.schema_version}, "
-                               f"this release reads {SCHEMA_VERSION}")
     if seal(manifest).manifest_digest != manifest.manifest_digest:
         raise ManifestMismatch(f"manifest digest of {manifest.source_id!r} does not verify (tampered or corrupt)")
     if manifest.input_digest != input_digest:

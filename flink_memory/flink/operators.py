@@ -34,6 +34,7 @@ from flink_memory.llm.jobs import Outcome, now_ms, run_to_end, step, wake_times_
 from flink_memory.llm.pool import CallPool
 from flink_memory.llm.runtime import make_client, write_stats
 from flink_memory.records import Conversation, DeadLetter, SummaryNode, parse_line, record_from_json
+from flink_memory.state import decode_state, encode_state
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
@@ -41,7 +42,6 @@ from flink_memory.summarize.tree import MergeStart, SummaryTree, merge_entry
 
 log = logging.getLogger(__name__)
 
-STATE_VERSION = 1
 DEAD_LETTERS = OutputTag("dead-letters", Types.STRING())
 MANIFESTS = OutputTag("manifests", Types.STRING())
 KEYED = Types.TUPLE([Types.STRING(), Types.STRING()])
@@ -201,17 +201,11 @@ def _task_identity(runtime_context: RuntimeContext) -> tuple[int, int]:
 
 
 def _load(state: Any, default: Any) -> Any:
-    raw = state.value()
-    if raw is None:
-        return default
-    data = json.loads(raw)
-    if data.get("v") != STATE_VERSION:
-        raise RuntimeError(f"state version {data.get('v')} is not readable by this release ({STATE_VERSION})")
-    return data["d"]
+    return decode_state(state.value(), default)
 
 
 def _save(state: Any, data: Any) -> None:
-    state.update(json.dumps({"v": STATE_VERSION, "d": data}, ensure_ascii=False))
+    state.update(encode_state(data))
 
 
 # ---------------------------------------------------------------------------------------------------------

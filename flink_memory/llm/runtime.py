@@ -28,10 +28,10 @@ def resolve_base_url(config: Config) -> str:
 def make_client(config: Config, output_dir: str | None = None) -> LLMClient:
     journal = None
     if config.journal.path:
-        from flink_memory.llm.journal import SqliteJournal
+        from flink_memory.llm.journal import open_journal
 
-        journal = SqliteJournal(config.journal.path, max_entries=config.journal.max_entries,
-                                max_age_days=config.journal.max_age_days)
+        journal = open_journal(config.journal.path, max_entries=config.journal.max_entries,
+                               max_age_days=config.journal.max_age_days)
     base_url = resolve_base_url(config)
     tokenizer = open_tokenizer(config.llm.tokenizer, base_url, config.llm.provider, config.llm.model)
     counter = TokenCounter(tokenizer, make_calibration(tokenizer))
