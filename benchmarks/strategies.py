@@ -43,7 +43,7 @@ from flink_memory.flink.pipeline import build_job  # noqa: E402
 from flink_memory.llm.client import LLMCallError, LLMClient, RequestFactory  # noqa: E402
 from flink_memory.llm.runtime import read_stats  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
-from flink_memory.summarize.prompts import element, messages_for  # noqa: E402
+from flink_memory.summarize.prompts import messages_for  # noqa: E402
 from flink_memory.tokens import RequestTooLarge, estimate_messages, estimate_tokens  # noqa: E402
 
 STRATEGIES = ("single_pass", "batched", "hierarchical")
@@ -123,9 +123,9 @@ def single_pass(records: list[dict[str, Any]], facts: dict[str, list[str]], base
     started = time.perf_counter()
     answers, failures, largest = {}, [], 0
     for agent in facts:
-        entries = [element(unit_entry({"unit_id": r["id"], "ts": r["ts"], "text": r["text"]}))
+        entries = [unit_entry({"unit_id": r["id"], "ts": r["ts"], "text": r["text"]})
                    for r in records if r["agent_id"] == agent]
-        messages = messages_for("batch", entries)
+        messages = messages_for("batch", entries, config.llm.max_output_tokens)
         size = estimate_messages(messages) + config.llm.max_output_tokens
         largest = max(largest, size)
         try:
@@ -159,7 +159,7 @@ def job_strategy(records: list[dict[str, Any]], facts: dict[str, list[str]], bas
     covered = sum(len(n["children"]) for n in nodes if n["kind"] == "batch")
     if covered != len(records):
         raise SystemExit(f"{depth}: {covered} of {len(records)} items in batch nodes")
-    return {**usage(stats), "largest_request": int(stats.get("max_prompt_estimate", 0)) + args.max_output_tokens,
+    return {**usage(stats), "largest_request": int(stats.get("max_prompt_tokens", 0)) + args.max_output_tokens,
             "wall_s": wall, "retention": sum(kept) / len(kept), "failed": False, "failure": None,
             "memory_tokens": max(sum(estimate_tokens(t) for t in texts) for texts in finals.values()),
             "merges": sum(1 for n in nodes if n["kind"] == "merge")}

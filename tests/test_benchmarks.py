@@ -53,3 +53,18 @@ def test_strategy_benchmark_smallest_sizes(tmp_path):
             assert row["largest_request"] <= window and not row["failed"] and 0 < row["retention"] <= 1
     assert (out / "results.md").read_text().count("| 60 |") == 3
     assert (out / "cost_vs_items.png").stat().st_size > 1000 and (out / "retention_vs_items.png").exists()
+
+
+def test_budget_benchmark_smallest_size(tmp_path):
+    """Against a chars/4 provider that refuses over-window prompts: none refused, requests fill the budget."""
+    import budgets
+
+    out = tmp_path / "budgets.json"
+    assert budgets.main(["--agents", "2", "--items-per-agent", "60", "--huge-sentences", "150",
+                         "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    ours, base = results["flink_memory"], results["baseline"]
+    assert ours["over_window"] == 0 and ours["rejected"] == 0
+    assert base["over_window"] == 2  # the one-request baseline cannot be sent at this window
+    assert results["ratios"]["largest_request_over_budget"] >= 0.7
+    assert ours["prompt_tokens"] < 1.5 * base["prompt_tokens"]
