@@ -2,11 +2,11 @@
 
 A stand-in provider counts tokens as characters / 4 (close to real BPE on English), refuses a prompt + max_tokens
 above its window with HTTP 400 (as llama.cpp does) and has no /tokenize, so the job counts with its
-calibrated estimate. The workload: many agents, items of mixed size (one to eight sentences, dated over
-several days) and one huge item of 900 sentences. The baseline puts all of an agent's items in one request
+calibrated estimate. The workload: many agents, items of mixed size (one or two sentences, dated over
+several days) and one huge item of 900 sentences: about 1 000 items and 50 000 tokens by default. The baseline puts all of an agent's items in one request
 with the same prompt format; it is counted, not sent, when it does not fit.
 
-    python benchmarks/budgets.py                       # 6 agents x 1000 items, window 2048, output 256
+    python benchmarks/budgets.py                       # 6 agents x 167 items, window 2048, output 256
     python benchmarks/budgets.py --agents 2 --items-per-agent 100 --json out/budgets.json
 """
 
@@ -51,8 +51,8 @@ def dataset(agents: int, items_per_agent: int, huge_sentences: int, seed: int = 
     for a in range(agents):
         for i in range(items_per_agent):
             day = 1 + i * 28 // items_per_agent
-            size = 900 if (a == 0 and i == items_per_agent // 2) else rng.choice([1, 1, 2, 3, 5, 8])
-            size = huge_sentences if size == 900 else size
+            huge = a == 0 and i == items_per_agent // 2
+            size = huge_sentences if huge else rng.choice([1, 1, 1, 2])
             text = " ".join(sentence(rng, day) for _ in range(size))
             records.append({"agent_id": f"agent-{a}", "id": f"m{i}",
                             "ts": f"2026-03-{day:02d}T{8 + i % 10:02d}:00:00Z", "text": text})
@@ -104,7 +104,7 @@ def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdi
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--agents", type=int, default=6)
-    parser.add_argument("--items-per-agent", type=int, default=1000)
+    parser.add_argument("--items-per-agent", type=int, default=167)
     parser.add_argument("--huge-sentences", type=int, default=900)
     parser.add_argument("--context-window", type=int, default=2048)
     parser.add_argument("--max-output-tokens", type=int, default=256)
