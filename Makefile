@@ -27,6 +27,7 @@ test: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/strategies.py --out out/bench-strategies
+	$(BIN)/python benchmarks/budgets.py --json out/bench-budgets.json
 
 clean:
 	rm -rf out .flink-memory

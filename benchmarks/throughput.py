@@ -31,7 +31,7 @@ from scripted_server import ScriptedServer  # noqa: E402
 
 from flink_memory.cli import read_outputs  # noqa: E402
 from flink_memory.flink.pipeline import build_job, create_environment, file_sink, file_source  # noqa: E402
-from flink_memory.summarize.prompts import SYSTEM_PROMPTS  # noqa: E402
+from flink_memory.summarize.prompts import is_batch_request, item_lines  # noqa: E402
 
 # Alternatives to the default (process mode, job.bundle_size=1), measured in the same script.
 VARIANTS = {"bundle_size_100": ("job.bundle_size=100",), "thread_mode": ("job.execution_mode=thread",)}
@@ -73,9 +73,8 @@ def check_coverage(outputs: dict, expected_units: int, overrides: tuple[str, ...
 
 def batch_phase(server: ScriptedServer) -> tuple[float, int, int]:
     """Seconds from the first batch call's start to the last one's end, batch calls, items in them."""
-    spans = [(start, end, body) for start, end, body in server.spans
-             if body["messages"][0]["content"] == SYSTEM_PROMPTS["batch"]]
-    items_in = sum(body["messages"][1]["content"].count('"id":') for _, _, body in spans)
+    spans = [(start, end, body) for start, end, body in server.spans if is_batch_request(body["messages"])]
+    items_in = sum(len(item_lines(body["messages"])) for _, _, body in spans)
     return max(e for _, e, _ in spans) - min(s for s, _, _ in spans), len(spans), items_in
 
 

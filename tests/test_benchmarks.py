@@ -33,7 +33,7 @@ def test_strategy_benchmark_smallest_sizes(tmp_path):
 
     out = tmp_path / "strategies"
     assert strategies.main(["--sizes", "10", "60", "--agents", "2", "--max-items", "4", "--fan-in", "8",
-                            "--latency", "0", "--out", str(out)]) == 0
+                            "--latency", "0", "--context-window", "4096", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
     rows = {(r["items_per_agent"], r["strategy"]): r for r in results["rows"]}
     window = results["context_window"]
@@ -60,7 +60,7 @@ def test_budget_benchmark_smallest_size(tmp_path):
     import budgets
 
     out = tmp_path / "budgets.json"
-    assert budgets.main(["--agents", "2", "--items-per-agent", "60", "--huge-sentences", "150",
+    assert budgets.main(["--agents", "2", "--items-per-agent", "100", "--huge-sentences", "150",
                          "--json", str(out)]) == 0
     results = json.loads(out.read_text())
     ours, base = results["flink_memory"], results["baseline"]

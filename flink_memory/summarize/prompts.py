@@ -70,6 +70,16 @@ def messages_for(purpose: Purpose, entries: Sequence[dict[str, Any]], target_tok
             {"role": "user", "content": body}]
 
 
+def is_batch_request(messages: Sequence[dict[str, Any]]) -> bool:
+    """Whether a chat request is a (final) batch summary: for benchmarks and tests reading a provider's log."""
+    return bool(messages) and f" {_TASKS['batch']}, in at most " in messages[0]["content"]
+
+
+def item_lines(messages: Sequence[dict[str, Any]]) -> list[str]:
+    """The entry lines of a request (date lines left out)."""
+    return [line for line in messages[1]["content"].splitlines()[1:] if not line.startswith("@")]
+
+
 class Packer:
     """Adds entries to one request and counts exactly what `lines_for` will render (separators included)."""
 
