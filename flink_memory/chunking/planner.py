@@ -176,7 +176,7 @@ class ChunkPlanner:
 
     # --- the semantic planner ------------------------------------------------------------------------
 
-    def _room(self, scale: float | None) -> int:
+    def line_room(self, scale: float | None) -> int:
         """Tokens the exchange lines of one planning request may take (window, answer and frame deducted)."""
         budget = self.factory.budget
         frame = budget.counter.request(self._messages(10**6, [], 10**6), scale) + 1
@@ -185,14 +185,14 @@ class ChunkPlanner:
 
     def preview_tokens(self, scale: float | None) -> int:
         """Preview length of one exchange: at most PREVIEW_TOKENS, and small enough that 4 lines fit."""
-        return max(8, min(PREVIEW_TOKENS, int(self._room(scale) / max(scale or 1.0, 1.0)) // 4 - 24))
+        return max(8, min(PREVIEW_TOKENS, int(self.line_room(scale) / max(scale or 1.0, 1.0)) // 4 - 24))
 
     def _window(self, prepared: Prepared, job: PlanJob) -> tuple[int, list[str]]:
         """Exchanges from the cursor that fit one planning request; returns the window's last index."""
         if job.scale is None:
             job.scale = self.factory.counter.scale
         cursor, last = job.cursor, len(prepared.exchanges) - 1
-        room, preview = self._room(job.scale), self.preview_tokens(job.scale)
+        room, preview = self.line_room(job.scale), self.preview_tokens(job.scale)
         lines: list[str] = []
         used = 0
         end = cursor

@@ -11,10 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
-from flink_memory.config import SUMMARY_PROMPT_VERSION
 from flink_memory.tokens import Budget, TokenCounter
-
-__all__ = ["SUMMARY_PROMPT_VERSION", "Packer", "Purpose", "child_target", "entry_room", "escape", "messages_for"]
 
 Purpose = Literal["batch", "part", "merge", "global"]
 

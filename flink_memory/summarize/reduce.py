@@ -14,9 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flink_memory.config import SUMMARY_PROMPT_VERSION
 from flink_memory.llm.client import ChatRequest, ChatResult, RequestFactory
 from flink_memory.summarize.prompts import (
-    SUMMARY_PROMPT_VERSION,
     Packer,
     Purpose,
     entry_room,
