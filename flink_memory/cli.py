@@ -211,10 +211,13 @@ def serve_llm(args: argparse.Namespace) -> int:
 
 
 def show_config(args: argparse.Namespace) -> int:
+    from flink_memory.chunking.planner import chunking_fingerprint
+    from flink_memory.summarize.prompts import summarization_fingerprint
+
     config = load_config(args.config, args.overrides)
     print(json.dumps(config.model_dump(mode="json"), indent=2))
-    print(f"chunking fingerprint      {config.chunking_fingerprint()}")
-    print(f"summarization fingerprint {config.summarization_fingerprint()}")
+    print(f"chunking fingerprint      {chunking_fingerprint(config)}")
+    print(f"summarization fingerprint {summarization_fingerprint(config)}")
     return 0
 
 

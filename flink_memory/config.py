@@ -18,8 +18,6 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from flink_memory.digests import digest
-
 ENV_PREFIX = "FLINK_MEMORY__"
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
 
@@ -33,10 +31,6 @@ def shipped_config_path() -> Path:
 
 
 PACKAGE_CONF = shipped_config_path()
-
-# Versions of the prompts; part of the fingerprints so a prompt change never reuses old plans or results.
-PLANNER_PROMPT_VERSION = "planner-v1"
-SUMMARY_PROMPT_VERSION = "summary-v2"
 
 
 class ConfigError(ValueError):
@@ -103,23 +97,29 @@ class CheckpointingConfig(_Section):
     state_backend: Literal["hashmap", "rocksdb"] = "hashmap"
     restart_attempts: int = Field(10, ge=0)
     restart_backoff_s: float = Field(1.0, gt=0)
+    # Expired or failed checkpoints tolerated before the job fails (slow LLM work can outlast one).
+    tolerable_failures: int = Field(1000, ge=0)
 
 
 class JobConfig(_Section):
     parallelism: int = Field(1, ge=1)
-    execution_mode: Literal["process", "thread"] = "process"
+    execution_mode: Literal["process", "thread"] = "thread"
+    # Thread mode: site-packages of this package on the TaskManagers (null: those of the interpreter that
+    # builds the job, which is right when every host uses the same venv path, as our image does).
+    python_path: str | None = None
     # 1: each element's timers reach Flink before the next input, so a checkpoint barrier never overtakes
     # them (PyFlink 2.3 registers a bundle's timers after the bundle ends; see README "Recovery").
     bundle_size: int = Field(1, ge=1)
     bundle_time_ms: int = Field(100, ge=1)
     share_python_worker: bool = False
-    poll_interval_ms: int = Field(50, ge=5)
-    # Step of the recheck grid: a key with pending work or a far deadline also holds timers at the next two
-    # grid points, so a restored key resumes and a timeout changed across a restore applies in time.
+    # the shortest gap between two wake-ups of a key waiting for calls (it is woken when they should end)
+    poll_interval_ms: int = Field(5, ge=1)
+    # Step of the recheck grid: a key with work left also holds a timer at the next grid point, so a restored
+    # key resumes and a timeout changed across a restore applies in time.
     recheck_s: float = Field(60.0, gt=0)
     # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
     # (element or timer), or "call:n:..." at the n-th fresh LLM result; once, while the marker file is absent.
-    inject_failure: str | None = Field(None, pattern=r"^(planner|batcher|merger|call):[1-9][0-9]*:.+$")
+    inject_failure: str | None = Field(None, pattern=r"^((planner|batcher|merger|call):[1-9][0-9]*:.+|record:[^/]+/.+)$")
 
 
 class Config(BaseModel):
@@ -144,43 +144,6 @@ class Config(BaseModel):
         if self.llm.provider == "openai" and not self.llm.base_url:
             raise ValueError("llm.base_url is required when llm.provider is openai")
         return self
-
-    # --- policies -------------------------------------------------------------------------------------
-
-    def chunking_policy(self) -> dict[str, Any]:
-        """Every setting that changes how a conversation is chunked."""
-        return {
-            "max_chunk_tokens": self.chunking.max_chunk_tokens,
-            "semantic": self.chunking.semantic,
-            "on_planner_failure": self.chunking.on_planner_failure,
-            "planner_window_tokens": self.chunking.planner_window_tokens,
-            "planner_prompt_version": PLANNER_PROMPT_VERSION,
-            "model": self.llm.model,
-            "context_window": self.llm.context_window,
-            "temperature": self.llm.temperature,
-            "seed": self.llm.seed,
-        }
-
-    def summarization_policy(self) -> dict[str, Any]:
-        """Every setting that changes which summaries are made and what they say."""
-        return {
-            "max_items": self.batching.max_items,
-            "batch_max_tokens": self.batching.max_tokens,
-            "depth": self.summarization.depth,
-            "fan_in": self.summarization.fan_in,
-            "summary_prompt_version": SUMMARY_PROMPT_VERSION,
-            "model": self.llm.model,
-            "context_window": self.llm.context_window,
-            "max_output_tokens": self.llm.max_output_tokens,
-            "temperature": self.llm.temperature,
-            "seed": self.llm.seed,
-        }
-
-    def chunking_fingerprint(self) -> str:
-        return digest(self.chunking_policy())
-
-    def summarization_fingerprint(self) -> str:
-        return digest(self.summarization_policy())
 
 
 def _parse_scalar(text: str) -> Any:

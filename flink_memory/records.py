@@ -23,7 +23,6 @@ from pydantic import (
     model_validator,
 )
 
-ROLES = ("system", "developer", "user", "assistant", "tool")
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
 )
@@ -136,32 +135,21 @@ class DeadLetter(_Strict):
     raw: str
     raw_base64: str | None = None
     reason: str
-    stage: Literal["parse", "plan", "duplicate"] = "parse"
+    # internal: an error of ours that repeated for this record (or this agent's pending work) after a restart
+    stage: Literal["parse", "plan", "duplicate", "internal"] = "parse"
     position: str | None = None
     agent_id: str | None = None
     record_id: str | None = None
 
 
 class MemoryUnit(_Strict):
-    """What the batcher summarizes: an item, or chunk k of an input (`{id}#{k}`)."""
+    """What the planner hands the batcher: an item, or chunk k of an input (`{id}#{k}`)."""
 
     agent_id: str
     unit_id: str
     source_id: str
     text: str
     ts: str | None = None
-    oversized: bool = False
-
-
-class Chunk(_Strict):
-    """Chunk k of a conversation, built only from the source's own exchanges."""
-
-    source_id: str
-    index: int
-    unit_id: str
-    start: int
-    end: int
-    messages: list[dict[str, Any]]
     oversized: bool = False
 
 

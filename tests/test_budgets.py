@@ -1,21 +1,18 @@
 """The start-up budget check against every request builder: what it accepts never overflows the window."""
 
+
 import json
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scripted_server import chars_per_token, prompt_count
+from stagekit import Pipeline
 
 from flink_memory import budgets
-from flink_memory.chunking.planner import ChunkPlanner, PlanJob, prepare
 from flink_memory.config import ConfigError, load_config
 from flink_memory.llm.client import ChatResult, ContextOverflow, RequestFactory
 from flink_memory.records import Conversation, MemoryItem
-from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
-from flink_memory.summarize.prompts import child_target
-from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.tree import SummaryTree, merge_entry
 from flink_memory.tokens import EstimateTokenizer, TokenCounter, make_calibration
 
 
@@ -36,74 +33,24 @@ def call(request, factory, window):
     factory.counter.observe(messages, reported)
     if reported + request.max_tokens > window:
         raise ContextOverflow(f"request ({reported} tokens) exceeds the available context size ({window} tokens)")
+    if request.kind == "plan":  # one chunk per window: the most planning calls a conversation can cost
+        shown = [int(line[1:line.index("]")]) for line in request.messages[1][1].splitlines()[1:]]
+        return ChatResult(text=json.dumps({"ends": [shown[-1]]}), prompt_tokens=reported, completion_tokens=8,
+                          model="m")
     return ChatResult(text="word " * int(request.max_tokens * 0.8), prompt_tokens=reported,
                       completion_tokens=request.max_tokens, model="m")
 
 
-def finish(job, factory, sent, window):
-    while True:
-        requests = job.requests(factory)
-        sent.extend(requests)
-        try:
-            results = [call(r, factory, window) for r in requests]
-        except ContextOverflow:
-            assert job.rejected(factory.budget), "a request kept being refused"
-            continue
-        text = job.advance(factory, results)
-        if text is not None:
-            return text
-
-
 def drive(config, records):
-    """Every request the pure stages build for `records`, answered by the worst-case model."""
+    """Every request the stage cores build for `records`, answered by the worst-case model."""
     window = config.llm.context_window
     tokenizer = EstimateTokenizer()
     factory = RequestFactory.from_config(config.llm, TokenCounter(tokenizer, make_calibration(tokenizer)))
-    budget = factory.budget
-    planner = ChunkPlanner(config, factory)
-    sent = []
-    units = []
-    for record in records:
-        if planner.needs_llm(record):
-            prepared, job = prepare(record), PlanJob()
-            while True:
-                request = planner.request(prepared, job)
-                sent.append(request)
-                try:
-                    call(request, factory, window)
-                except ContextOverflow:
-                    assert job.rejected(factory.counter.scale), "a planning window kept being refused"
-                    continue
-                shown = [int(line[1:line.index("]")]) for line in request.messages[1][1].splitlines()[1:]]
-                plan = planner.advance(prepared, job, json.dumps({"ends": [shown[-1]]}))
-                if plan is not None:
-                    units.extend(planner.finish(record, prepared, plan, "semantic").units)
-                    break
-        else:
-            units.extend(planner.route(record).units)
-    limits = BatchLimits.from_config(config, budget)
-    buffer = BatchBuffer()
-    batches = [b for u in units for b in buffer.add(u, limits, 0, budget)]
-    if buffer.units:
-        batches.append(buffer.take())
-    tree = SummaryTree("a")
-    target = child_target(budget, config.summarization.fan_in)
-    pending = []
-    for seq, batch in enumerate(batches):
-        text = finish(ReduceJob("batch", [unit_entry(u) for u in batch], target_tokens=target), factory, sent, window)
-        node = {"node_id": f"batch-{seq}", "level": 1, "text": text, "item_count": len(batch), "first_ts": None,
-                "last_ts": None}
-        pending.extend(tree.add(node, config.summarization.fan_in, budget))
-        while pending:
-            start = pending.pop(0)
-            merged = finish(ReduceJob("merge", [merge_entry(c) for c in start.children], target_tokens=target),
-                            factory, sent, window)
-            pending.extend(tree.add({"node_id": start.node_id, "level": start.level, "text": merged,
-                                     "item_count": 0, "first_ts": None, "last_ts": None},
-                                    config.summarization.fan_in, budget))
-    if len(tree.frontier()) > 1:
-        finish(ReduceJob("global", [merge_entry(n) for n in tree.frontier()]), factory, sent, window)
-    return sent
+    pipeline = Pipeline(config, lambda request: call(request, factory, window), factory=factory)
+    pipeline.feed(*[record.model_dump(mode="json", exclude={"kind"}) for record in records]).end()
+    assert not pipeline.dead_letters, pipeline.dead_letters
+    assert pipeline.calls("batch") >= 1 and pipeline.current("a") is not None
+    return pipeline.sent
 
 
 def conversation(i, turns, words):

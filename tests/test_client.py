@@ -135,20 +135,3 @@ def test_structured_output_sends_json_schema(scripted):
     client.complete(client.requests.build([{"role": "user", "content": "x"}], prompt_version="p", json_schema=schema))
     sent = scripted.requests[0]["response_format"]
     assert sent["type"] == "json_schema" and sent["json_schema"]["schema"] == schema
-
-
-def test_keys_with_pending_work_keep_standing_timers_on_the_recheck_grid():
-    from flink_memory.llm.jobs import wake_times_ms
-
-    poll, recheck = 50, 60_000
-    assert wake_times_ms(1_000, None, poll, recheck) == (1_100, 60_000, 120_000)  # soon, plus two grid points
-    assert wake_times_ms(1_000, 5_000, poll, recheck)[0] == 5_050  # a deadline, snapped to the poll grid
-    assert wake_times_ms(1_000, 601_000, poll, recheck) == (601_050, 60_000, 120_000)  # far: the grid re-checks
-    # activations within one grid step ask for the same standing timers, so Flink keeps one of each
-    assert wake_times_ms(59_990, None, poll, recheck)[1:] == (60_000, 120_000)
-    assert wake_times_ms(60_000, None, poll, recheck)[1:] == (120_000, 180_000)  # the grid moves on
-    for now in range(0, 200_000, 977):
-        for due in (None, now - 10, now + 7, now + 59_999, now + 10**7):
-            at, first, second = wake_times_ms(now, due, poll, recheck)
-            assert now < at <= max(due or 0, now + poll) + poll and at % poll == 0
-            assert now < first <= now + recheck and second == first + recheck

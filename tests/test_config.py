@@ -1,7 +1,9 @@
 import pytest
 import yaml
 
+from flink_memory.chunking.planner import chunking_fingerprint
 from flink_memory.config import PACKAGE_CONF, Config, ConfigError, load_config
+from flink_memory.summarize.prompts import summarization_fingerprint
 
 
 def test_shipped_yaml_matches_model_defaults_and_lists_every_key():
@@ -61,11 +63,11 @@ def test_fingerprints_change_only_with_their_settings():
     base = load_config(None, [], environ={})
     chunk = load_config(None, ["chunking.max_chunk_tokens=512"], environ={})
     batch = load_config(None, ["batching.max_items=10"], environ={})
-    assert base.chunking_fingerprint() != chunk.chunking_fingerprint()
-    assert base.summarization_fingerprint() == chunk.summarization_fingerprint()
-    assert base.summarization_fingerprint() != batch.summarization_fingerprint()
-    assert base.chunking_fingerprint() == batch.chunking_fingerprint()
-    assert base.chunking_fingerprint() == load_config(None, ["llm.max_concurrency=9"], environ={}).chunking_fingerprint()
+    assert chunking_fingerprint(base) != chunking_fingerprint(chunk)
+    assert summarization_fingerprint(base) == summarization_fingerprint(chunk)
+    assert summarization_fingerprint(base) != summarization_fingerprint(batch)
+    assert chunking_fingerprint(base) == chunking_fingerprint(batch)
+    assert chunking_fingerprint(base) == chunking_fingerprint(load_config(None, ["llm.max_concurrency=9"], environ={}))
 
 
 def test_missing_and_bad_files(tmp_path):

@@ -6,6 +6,7 @@ import pytest
 
 from flink_memory.config import load_config
 from flink_memory.llm.client import ChatResult, RequestFactory
+from flink_memory.records import SummaryNode
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import ReduceJob
@@ -18,7 +19,8 @@ def cfg(*overrides):
 
 
 def unit(i, text="note", ts=None):
-    return {"agent_id": "a", "unit_id": f"u{i}", "source_id": f"u{i}", "text": text, "ts": ts, "oversized": False}
+    return unit_entry({"agent_id": "a", "unit_id": f"u{i}", "source_id": f"u{i}", "text": text, "ts": ts,
+                       "oversized": False})
 
 
 def limits_of(config):
@@ -30,8 +32,8 @@ def test_batches_close_at_max_items():
     limits, budget = limits_of(cfg("batching.max_items=3"))
     buffer = BatchBuffer()
     closed = [b for i in range(7) for b in buffer.add(unit(i), limits, 0, budget)]
-    assert [len(b) for b in closed] == [3, 3]
-    assert len(buffer.units) == 1
+    assert closed == [range(0, 3), range(3, 6)]
+    assert buffer.count == 1 and buffer.next_seq == 7
 
 
 def test_batches_close_at_token_budget():
@@ -42,10 +44,10 @@ def test_batches_close_at_token_budget():
 
     def rendered(batch):  # what the batch request renders, counted entry by entry
         packer = Packer(budget.counter)
-        return sum(packer.add(unit_entry(u)) for u in batch)
+        return sum(packer.add(unit(i, text)) for i in batch)
 
     assert closed and all(rendered(b) <= 200 for b in closed)
-    assert sum(len(b) for b in closed) + len(buffer.units) == 10
+    assert sum(len(b) for b in closed) + buffer.count == 10
 
 
 def test_oversized_unit_is_a_batch_of_its_own():
@@ -53,7 +55,7 @@ def test_oversized_unit_is_a_batch_of_its_own():
     buffer = BatchBuffer()
     buffer.add(unit(0), limits, 0, budget)
     closed = buffer.add(unit(1, "word " * 1000), limits, 0, budget)
-    assert [[u["unit_id"] for u in b] for b in closed] == [["u0"], ["u1"]]
+    assert closed == [range(0, 1), range(1, 2)]
 
 
 def fake(request, text="short summary"):
@@ -76,7 +78,7 @@ def test_reduce_never_exceeds_the_window_and_keeps_every_word(window):
     config = cfg(f"llm.context_window={window}", "llm.max_output_tokens=64", "chunking.max_chunk_tokens=256")
     factory = RequestFactory.from_config(config.llm)
     huge = " ".join(f"w{i}" for i in range(6000))
-    job = ReduceJob("batch", [{"text": huge}, {"text": "tiny"}])
+    job = ReduceJob(purpose="batch", entries=[{"text": huge}, {"text": "tiny"}])
     sent = []
 
     def echo_words(request):
@@ -96,14 +98,32 @@ def test_reduce_is_deterministic():
     factory = RequestFactory.from_config(
         cfg("llm.context_window=1024", "llm.max_output_tokens=64", "chunking.max_chunk_tokens=256").llm)
     entries = [{"text": "alpha beta " * 60} for k in range(12)]
-    a = [r.digest for r in ReduceJob("batch", list(entries)).requests(factory)]
-    b = [r.digest for r in ReduceJob("batch", list(entries)).requests(factory)]
+    a = [r.digest for r in ReduceJob(purpose="batch", entries=list(entries)).requests(factory)]
+    b = [r.digest for r in ReduceJob(purpose="batch", entries=list(entries)).requests(factory)]
     assert a == b and len(a) > 1
 
 
 def node(i, level=1, text="summary"):
-    return {"agent_id": "a", "node_id": f"batch-{i:06d}", "kind": "batch", "level": level, "children": [f"u{i}"],
-            "text": text, "item_count": 1, "first_ts": None, "last_ts": None}
+    return SummaryNode(agent_id="a", node_id=f"batch-{i:06d}", kind="batch", level=level, children=[f"u{i}"],
+                       text=text, item_count=1, model="m")
+
+
+class Tree:
+    """A SummaryTree with its node contents (what the merger keeps in a map beside it)."""
+
+    def __init__(self):
+        self.tree, self.nodes = SummaryTree(), {}
+
+    def add(self, node, fan_in, budget):
+        node = node if isinstance(node, SummaryNode) else SummaryNode(model="m", **node)
+        self.nodes[node.node_id] = node
+        return self.tree.add(node, fan_in, budget, self.nodes.__getitem__)
+
+    def frontier(self):
+        return [self.nodes[i] for i in self.tree.frontier()]
+
+    def settled(self):
+        return self.tree.settled()
 
 
 def grow(tree, n, fan_in, budget, start=0):
@@ -117,8 +137,8 @@ def grow(tree, n, fan_in, budget, start=0):
             nxt = []
             for m in pending:
                 merged = {"agent_id": "a", "node_id": m.node_id, "kind": "merge", "level": m.level,
-                          "children": [c["node_id"] for c in m.children], "text": "merged",
-                          "item_count": sum(c["item_count"] for c in m.children), "first_ts": None, "last_ts": None}
+                          "children": [c.node_id for c in m.children], "text": "merged",
+                          "item_count": sum(c.item_count for c in m.children)}
                 nxt.extend(tree.add(merged, fan_in, budget))
             pending = nxt
         per_batch.append(merges)
@@ -128,19 +148,19 @@ def grow(tree, n, fan_in, budget, start=0):
 @pytest.mark.parametrize(("n", "fan_in"), [(64, 8), (100, 4), (1000, 8), (81, 3)])
 def test_merge_count_grows_linearly_and_a_late_batch_costs_log_n(n, fan_in):
     budget = RequestFactory.from_config(cfg().llm).budget
-    tree = SummaryTree("a")
+    tree = Tree()
     per_batch = grow(tree, n, fan_in, budget)
     total = sum(per_batch)
     assert total <= math.ceil(n / (fan_in - 1))
     assert total >= n // fan_in
     assert max(per_batch) <= math.ceil(math.log(n, fan_in)) + 1
-    assert sum(n["item_count"] for n in tree.frontier()) == n  # the frontier covers every unit once
+    assert sum(n.item_count for n in tree.frontier()) == n  # the frontier covers every unit once
 
 
 def test_merges_cut_early_when_the_next_node_would_not_fit():
     config = cfg("llm.context_window=2048", "llm.max_output_tokens=128", "chunking.max_chunk_tokens=256")
     budget = RequestFactory.from_config(config.llm).budget
-    tree = SummaryTree("a")
+    tree = Tree()
     big = "detail " * 300
     starts = [s for i in range(6) for s in tree.add(node(i, text=big), 8, budget)]
     assert starts and all(2 <= len(s.children) < 8 for s in starts)
@@ -148,7 +168,7 @@ def test_merges_cut_early_when_the_next_node_would_not_fit():
 
 def test_tree_waits_for_earlier_merges_to_keep_chronology():
     budget = RequestFactory.from_config(cfg().llm).budget
-    tree = SummaryTree("a")
+    tree = Tree()
     first = [s for i in range(2) for s in tree.add(node(i), 2, budget)]
     second = [s for i in range(2, 4) for s in tree.add(node(i), 2, budget)]
     assert [s.node_id for s in first + second] == ["merge-L2-000001", "merge-L2-000002"]
@@ -158,7 +178,7 @@ def test_tree_waits_for_earlier_merges_to_keep_chronology():
     assert not tree.settled()
     done1 = dict(done2, node_id="merge-L2-000001", text="a")
     (level3,) = tree.add(done1, 2, budget)
-    assert [c["node_id"] for c in level3.children] == ["merge-L2-000001", "merge-L2-000002"]
+    assert [c.node_id for c in level3.children] == ["merge-L2-000001", "merge-L2-000002"]
     assert level3.node_id == "merge-L3-000001"
 
 
@@ -172,7 +192,7 @@ def test_node_ids_do_not_depend_on_llm_timing():
 
     ids = []
     for l2_first in (True, False):
-        tree = SummaryTree("a")
+        tree = Tree()
         starts = [s for i in range(4) for s in tree.add(node(i), 2, budget)]  # L2 #1 and #2
         starts += tree.add(merged("merge-L2-000001"), 2, budget)
         if l2_first:  # batches 4,5 arrive before merge #2 finishes
@@ -181,5 +201,5 @@ def test_node_ids_do_not_depend_on_llm_timing():
         else:
             starts += tree.add(merged("merge-L2-000002"), 2, budget)
             starts += [s for i in range(4, 6) for s in tree.add(node(i), 2, budget)]
-        ids.append(sorted((s.node_id, tuple(c["node_id"] for c in s.children)) for s in starts))
+        ids.append(sorted((s.node_id, tuple(c.node_id for c in s.children)) for s in starts))
     assert ids[0] == ids[1]

@@ -5,8 +5,8 @@ from scripted_server import Reply, ScriptedServer, chars_per_token, prompt_count
 
 from flink_memory.config import load_config
 from flink_memory.llm.client import LLMClient
-from flink_memory.llm.jobs import run_to_end
 from flink_memory.llm.pool import CallPool
+from flink_memory.stages.calls import RetryPolicy, run_to_end
 from flink_memory.summarize.prompts import lines_for, messages_for
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.tokens import (
@@ -62,13 +62,12 @@ def test_a_length_rejection_is_repacked_smaller_and_never_lost():
     with ScriptedServer(lambda body: Reply(text="short"), count=chars_per_token(4), context_window=1024) as server:
         client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=128")
         factory = client.requests
-        pool = CallPool(client, 2)
+        pool = CallPool(client.complete, 2)
         entries = [{"text": s.format(k=k), "from": None, "to": None} for k in range(60) for s in SENTENCES]
         # a scale already learned, so that the first packing fills the configured window
         client.counter.calibration.observe(100, 40)
-        job = ReduceJob("batch", entries)
-        text = run_to_end(job, lambda: job.requests(factory), lambda results: job.advance(factory, results), pool,
-                          base_backoff_s=0.01, max_backoff_s=0.01, repack=lambda: job.rejected(factory.budget))
+        job = ReduceJob(purpose="batch", entries=entries)
+        text = run_to_end(job, factory, pool, RetryPolicy(0.01, 0.01))
         pool.close()
         assert text == "short"
         assert server.rejected and client.stats.snapshot()["context_rejections"] >= 1
@@ -85,7 +84,7 @@ def test_a_completion_cut_at_the_output_limit_is_flagged():
         client = estimate_client(server, "llm.max_output_tokens=64")
         result = client.complete(request_for(client, 1))
         assert result.truncated and client.stats.snapshot()["truncated"] == 1
-        job = ReduceJob("batch", [{"text": "a fact", "from": None, "to": None}])
+        job = ReduceJob(purpose="batch", entries=[{"text": "a fact", "from": None, "to": None}])
         job.advance(client.requests, [result])
         assert job.truncated
         short = ScriptedServer(lambda body: Reply(text="fine"), count=chars_per_token(4))

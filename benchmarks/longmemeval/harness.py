@@ -33,9 +33,11 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from flink_memory.chunking.core import group_exchanges  # noqa: E402
+from flink_memory.chunking.planner import chunking_fingerprint, chunking_policy  # noqa: E402
 from flink_memory.cli import latest_globals, read_outputs, start_local_model  # noqa: E402
 from flink_memory.config import Config, load_config  # noqa: E402
 from flink_memory.digests import canonical_json, digest  # noqa: E402
+from flink_memory.summarize.prompts import summarization_fingerprint, summarization_policy  # noqa: E402
 from flink_memory.tokens import estimate_tokens  # noqa: E402
 
 PROJECT_VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
@@ -107,10 +109,10 @@ def records_of(inst: Instance) -> list[dict[str, Any]]:
 
 def policy_of(config: Config) -> dict[str, Any]:
     return {
-        "chunking": config.chunking_policy(),
-        "summarization": {**config.summarization_policy(), "retention": config.summarization.retention},
-        "chunking_fingerprint": config.chunking_fingerprint(),
-        "summarization_fingerprint": config.summarization_fingerprint(),
+        "chunking": chunking_policy(config),
+        "summarization": {**summarization_policy(config), "retention": config.summarization.retention},
+        "chunking_fingerprint": chunking_fingerprint(config),
+        "summarization_fingerprint": summarization_fingerprint(config),
         "model": config.llm.model,
         "project_version": PROJECT_VERSION,
     }

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flink_memory.tokens import estimate_tokens, split_text
+from flink_memory.tokens import estimate_tokens
 
 Exchange = tuple[int, int]  # first and last message index, inclusive
 
@@ -108,8 +108,3 @@ def materialize(
         )
         start = end + 1
     return chunks
-
-
-def text_chunks(text: str, max_tokens: int) -> list[str]:
-    """Deterministic chunks of non-conversation content; they join back to the text."""
-    return split_text(text, max_tokens)

@@ -9,13 +9,17 @@ last chunk, so that chunk is planned again with what follows and the plans join 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
+
+from pydantic import Field
 
 from flink_memory.chunking import core
 from flink_memory.chunking.manifest import build_manifest, input_digest_messages, input_digest_text
-from flink_memory.config import PLANNER_PROMPT_VERSION, Config
-from flink_memory.llm.client import ChatRequest, RequestFactory
+from flink_memory.config import Config
+from flink_memory.digests import digest
+from flink_memory.llm.client import RequestFactory
+from flink_memory.llm.types import ChatRequest, ChatResult
 from flink_memory.records import (
     ChunkManifest,
     Conversation,
@@ -24,7 +28,11 @@ from flink_memory.records import (
     TrustedConversation,
     format_ts,
 )
+from flink_memory.state import StateModel
 from flink_memory.tokens import estimate_tokens, split_text
+
+# Part of the chunking fingerprint: a prompt change never reuses plans made with another prompt.
+PLANNER_PROMPT_VERSION = "planner-v1"
 
 PLAN_SCHEMA: dict[str, Any] = {
     "type": "object",
@@ -47,6 +55,25 @@ SYSTEM = (
 )
 
 
+def chunking_policy(config: Config) -> dict[str, Any]:
+    """Every setting that changes how a conversation is chunked."""
+    return {
+        "max_chunk_tokens": config.chunking.max_chunk_tokens,
+        "semantic": config.chunking.semantic,
+        "on_planner_failure": config.chunking.on_planner_failure,
+        "planner_window_tokens": config.chunking.planner_window_tokens,
+        "planner_prompt_version": PLANNER_PROMPT_VERSION,
+        "model": config.llm.model,
+        "context_window": config.llm.context_window,
+        "temperature": config.llm.temperature,
+        "seed": config.llm.seed,
+    }
+
+
+def chunking_fingerprint(config: Config) -> str:
+    return digest(chunking_policy(config))
+
+
 class PlannerRefused(RuntimeError):
     """Semantic planning was asked of a configuration that forbids it."""
 
@@ -67,34 +94,40 @@ class Routed:
     manifest: ChunkManifest | None
 
 
-@dataclass
-class PlanJob:
-    """Progress of one semantic plan; plain data kept in the planner's state."""
+class PlanJob(StateModel):
+    """Progress of one semantic plan, kept in the planner's state; driven like any call job (stages.calls)."""
 
     cursor: int = 0
-    accepted: list[int] = field(default_factory=list)
+    accepted: list[int] = Field(default_factory=list)
     calls: int = 0
     attempts: int = 0
     retry_at_ms: int = 0
     scale: float | None = None  # the counter's scale when the plan started (kept, so replays match)
     rejections: int = 0
 
-    def rejected(self, counter_scale: float) -> bool:
+    def requests(self, task: PlanTask) -> list[ChatRequest]:
+        return [task.planner.request(task.prepared, self)]
+
+    def advance(self, task: PlanTask, results: list[ChatResult]) -> list[int] | None:
+        """The full plan once the last window is answered; raises InvalidPlan on a bad answer."""
+        self.calls += sum(0 if r.from_journal else 1 for r in results)
+        return task.planner.advance(task.prepared, self, results[0].text)
+
+    def rejected(self, task: PlanTask) -> bool:
         """The window was refused for its length: plan it with smaller windows (False once tried too often)."""
         if self.rejections >= MAX_REJECTIONS:
             return False
         self.rejections += 1
-        self.scale = max((self.scale or 1.0) * 1.25, counter_scale)
+        self.scale = max((self.scale or 1.0) * 1.25, task.planner.factory.counter.scale)
         return True
 
-    def to_state(self) -> dict[str, Any]:
-        return {"cursor": self.cursor, "accepted": self.accepted, "calls": self.calls,
-                "attempts": self.attempts, "retry_at_ms": self.retry_at_ms, "scale": self.scale,
-                "rejections": self.rejections}
 
-    @classmethod
-    def from_state(cls, data: dict[str, Any]) -> PlanJob:
-        return cls(**data)
+@dataclass(frozen=True)
+class PlanTask:
+    """What a PlanJob's calls are built from (not kept in state: rebuilt from the record)."""
+
+    planner: ChunkPlanner
+    prepared: Prepared
 
 
 def prepare(record: Conversation) -> Prepared:
@@ -110,7 +143,7 @@ class ChunkPlanner:
         self.config = config
         self.factory = factory
         self.max_tokens = config.chunking.max_chunk_tokens
-        self.fingerprint = config.chunking_fingerprint()
+        self.fingerprint = chunking_fingerprint(config)
         self.window_tokens = config.chunking.planner_window_tokens
 
     # --- routing ------------------------------------------------------------------------------------
@@ -224,7 +257,8 @@ class ChunkPlanner:
             raise PlannerRefused("semantic planning is refused with llm.batch_api: true")
         end, lines = self._window(prepared, job)
         return self.factory.build(self._messages(job.cursor, lines, end), prompt_version=PLANNER_PROMPT_VERSION,
-                                  max_tokens=PLAN_OUTPUT_TOKENS, json_schema=PLAN_SCHEMA, scale=job.scale)
+                                  max_tokens=PLAN_OUTPUT_TOKENS, json_schema=PLAN_SCHEMA, scale=job.scale,
+                                  kind="plan")
 
     def advance(self, prepared: Prepared, job: PlanJob, answer: str) -> list[int] | None:
         """Check one window's answer; the full plan once the last window is done. Raises InvalidPlan."""

@@ -27,15 +27,7 @@ from pyflink.datastream.connectors.file_system import (
 
 from flink_memory import budgets
 from flink_memory.config import Config
-from flink_memory.flink.operators import (
-    DEAD_LETTERS,
-    KEYED,
-    MANIFESTS,
-    BatchSummaries,
-    MergeSummaries,
-    ParseRecords,
-    PlanChunks,
-)
+from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
 
 # Operator uids are part of the savepoint contract: never change them without a migration note.
 UIDS = {
@@ -69,10 +61,8 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
         conf.set_string("python.executable", sys.executable)
         conf.set_string("python.client.executable", sys.executable)
     conf.set_string("python.execution-mode", config.job.execution_mode)
-    if config.job.execution_mode == "thread" and not submitted:
-        paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
-        paths.append(str(Path(__file__).resolve().parents[2]))
-        conf.set_string("python.pythonpath", os.pathsep.join(paths))
+    if config.job.execution_mode == "thread":  # Python runs in the TaskManager JVM: it needs our packages
+        conf.set_string("python.pythonpath", config.job.python_path or _own_python_path())
     conf.set_string("python.fn-execution.memory.managed", str(config.job.share_python_worker).lower())
     conf.set_string("python.fn-execution.bundle.size", str(config.job.bundle_size))
     conf.set_string("python.fn-execution.bundle.time", str(config.job.bundle_time_ms))
@@ -82,6 +72,9 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
     if config.checkpointing.interval_s > 0:
         conf.set_string("execution.checkpointing.interval", f"{int(config.checkpointing.interval_s * 1000)} ms")
         conf.set_string("execution.checkpointing.mode", "EXACTLY_ONCE")
+        # a checkpoint that expires while slow work holds an operator must not fail the job
+        conf.set_string("execution.checkpointing.tolerable-failed-checkpoints",
+                        str(config.checkpointing.tolerable_failures))
         conf.set_string("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
         directory = config.checkpointing.dir or (str(Path(output_dir).resolve() / "_checkpoints") if output_dir else None)
         if directory:
@@ -100,6 +93,13 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
     if restore:
         conf.set_string("execution.state-recovery.path", restore if "://" in restore else Path(restore).resolve().as_uri())
     return conf
+
+
+def _own_python_path() -> str:
+    """Site-packages of the interpreter building the job (and this checkout, for editable installs)."""
+    paths = [p for p in site.getsitepackages() if os.path.isdir(p)]
+    paths.append(str(Path(__file__).resolve().parents[2]))
+    return os.pathsep.join(paths)
 
 
 def create_environment(config: Config, output_dir: str | None, restore: str | None = None,
@@ -135,32 +135,34 @@ def _to_line(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
-def add_memory_operators(stream: DataStream, config: Config, output_dir: str | None = None) -> MemoryStreams:
+def add_memory_operators(stream: DataStream, config: Config, output_dir: str | None = None, *,
+                         bounded: bool = False) -> MemoryStreams:
     """Add parse, plan, batch and merge to `stream` (JSON strings, dicts or our record models).
 
     Returns the summary nodes, manifests and dead letters as DataStreams of JSON strings. The operator
-    uids are fixed (see UIDS), so a job that embeds these operators can restore their state.
+    uids are fixed (see UIDS), so a job that embeds these operators can restore their state. `bounded`
+    (the input ends, e.g. a file read once): partial batches close and globals are made when the input
+    ends, not on timeouts; otherwise `batching.flush_after_s` and `summarization.global_refresh_s` apply.
     """
     budgets.check(config)
     config_json = config.model_dump_json()
     lines = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
     parsed = lines.process(ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
-    planned = (
-        parsed.key_by(lambda r: r[0], key_type=Types.STRING())
-        .process(PlanChunks(config_json, output_dir), output_type=KEYED)
-        .name("chunk-planner").uid(UIDS["planner"])
-    )
-    batches = (
-        planned.key_by(lambda r: r[0], key_type=Types.STRING())
-        .process(BatchSummaries(config_json, output_dir), output_type=KEYED)
-        .name("batch-summaries").uid(UIDS["batcher"])
-    )
-    summaries = (
-        batches.key_by(lambda r: r[0], key_type=Types.STRING())
-        .process(MergeSummaries(config_json, output_dir), output_type=Types.STRING())
-        .name("hierarchical-merger").uid(UIDS["merger"])
-    )
-    dead = parsed.get_side_output(DEAD_LETTERS).union(planned.get_side_output(DEAD_LETTERS))
+
+    def stage(upstream: DataStream, name: str, label: str, keyed_output: bool = True) -> DataStream:
+        function = StageFunction(name, config_json, output_dir, bounded, keyed_output=keyed_output)
+        return (
+            upstream.key_by(lambda r: r[0], key_type=Types.STRING())
+            .process(function, output_type=KEYED if keyed_output else Types.STRING())
+            .name(label).uid(UIDS[name])
+        )
+
+    planned = stage(parsed, "planner", "chunk-planner")
+    batches = stage(planned, "batcher", "batch-summaries")
+    summaries = stage(batches, "merger", "hierarchical-merger", keyed_output=False)
+    dead = parsed.get_side_output(DEAD_LETTERS).union(
+        planned.get_side_output(DEAD_LETTERS), batches.get_side_output(DEAD_LETTERS),
+        summaries.get_side_output(DEAD_LETTERS))
     return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead)
 
 
@@ -185,6 +187,6 @@ def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
 def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool = False,
               restore: str | None = None, rest_port: int | None = None) -> StreamExecutionEnvironment:
     env = create_environment(config, output_dir, restore, rest_port)
-    streams = add_memory_operators(file_source(env, input_path, follow), config, output_dir)
+    streams = add_memory_operators(file_source(env, input_path, follow), config, output_dir, bounded=not follow)
     add_file_sinks(streams, output_dir)
     return env

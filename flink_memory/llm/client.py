@@ -15,71 +15,17 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import openai
 
 from flink_memory.config import LLMConfig
-from flink_memory.digests import digest
+from flink_memory.llm.types import ChatRequest, ChatResult, ContextOverflow, Journal, LLMCallError
 from flink_memory.tokens import Budget, RequestTooLarge, TokenCounter
 
-if TYPE_CHECKING:
-    from flink_memory.llm.journal import Journal
+__all__ = ["ChatRequest", "ChatResult", "ContextOverflow", "LLMCallError", "LLMClient", "RequestFactory", "UsageStats"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ChatRequest:
-    """A request in canonical form; equal requests have equal digests in every process."""
-
-    model: str
-    prompt_version: str
-    messages: tuple[tuple[str, str], ...]
-    max_tokens: int
-    temperature: float = 0.0
-    seed: int | None = None
-    json_schema: str | None = None  # canonical JSON of the schema, kept as text so the request is hashable
-
-    @classmethod
-    def build(
-        cls,
-        *,
-        model: str,
-        prompt_version: str,
-        messages: list[dict[str, str]],
-        max_tokens: int,
-        temperature: float = 0.0,
-        seed: int | None = None,
-        json_schema: dict[str, Any] | None = None,
-    ) -> ChatRequest:
-        return cls(
-            model=model,
-            prompt_version=prompt_version,
-            messages=tuple((m["role"], m["content"]) for m in messages),
-            max_tokens=max_tokens,
-            temperature=temperature,
-            seed=seed,
-            json_schema=json.dumps(json_schema, sort_keys=True) if json_schema is not None else None,
-        )
-
-    def canonical(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "prompt_version": self.prompt_version,
-            "messages": [list(m) for m in self.messages],
-            "max_tokens": self.max_tokens,
-            "temperature": self.temperature,
-            "seed": self.seed,
-            "json_schema": self.json_schema,
-        }
-
-    @property
-    def digest(self) -> str:
-        return digest(self.canonical())
-
-    def message_dicts(self) -> list[dict[str, str]]:
-        return [{"role": role, "content": content} for role, content in self.messages]
 
 
 @dataclass(frozen=True)
@@ -118,6 +64,7 @@ class RequestFactory:
         max_tokens: int | None = None,
         json_schema: dict[str, Any] | None = None,
         scale: float | None = None,
+        kind: str = "",
     ) -> ChatRequest:
         """A request that fits the window by the counter at `scale` (the job's frozen scale)."""
         request = ChatRequest.build(
@@ -128,28 +75,10 @@ class RequestFactory:
             temperature=self.temperature,
             seed=self.seed,
             json_schema=json_schema if self.structured_output else None,
+            kind=kind,
         )
         self.budget.check(messages, request.max_tokens, scale)
         return request
-
-
-@dataclass(frozen=True)
-class ChatResult:
-    text: str
-    prompt_tokens: int
-    completion_tokens: int
-    model: str
-    from_journal: bool = False
-    latency_s: float = 0.0
-    truncated: bool = False  # the provider stopped at max_tokens (finish_reason "length")
-
-
-class LLMCallError(RuntimeError):
-    """The provider failed after the SDK's retries; the caller keeps the work and tries again later."""
-
-
-class ContextOverflow(LLMCallError):
-    """The request is too long for the model (the provider said so, or our count now says so): re-pack it."""
 
 
 # HTTP 400 texts of providers that reject a prompt for its length (llama.cpp, OpenAI, vLLM, Ollama, ...)
@@ -187,6 +116,7 @@ class UsageStats:
     max_prompt_tokens: int = 0
     context_rejections: int = 0
     truncated: int = 0
+    calls_by_kind: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -201,9 +131,14 @@ class UsageStats:
                 else:
                     setattr(self, name, getattr(self, name) + value)
 
+    def count_kind(self, kind: str) -> None:
+        with self._lock:
+            self.calls_by_kind[kind or "other"] = self.calls_by_kind.get(kind or "other", 0) + 1
+
     def snapshot(self) -> dict[str, float]:
         with self._lock:
             return {
+                **{f"calls_{kind}": n for kind, n in sorted(self.calls_by_kind.items())},
                 "calls": self.calls,
                 "http_requests": self.http_requests,
                 "retries": self.retries,
@@ -322,6 +257,7 @@ class LLMClient:
         )
         if prompt_tokens:
             self.counter.observe(messages, prompt_tokens)
+        self.stats.count_kind(request.kind)
         self.stats.add(
             calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed,
             max_prompt_tokens=prompt_tokens, truncated=int(truncated),

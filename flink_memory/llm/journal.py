@@ -21,24 +21,19 @@ import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, NamedTuple, Protocol, TypeVar
+from typing import Any, NamedTuple, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
 import xxhash
 
 from flink_memory.digests import digest
-from flink_memory.llm.client import ChatResult
+from flink_memory.llm.types import ChatResult, Journal
 
 log = logging.getLogger(__name__)
 
 POSTGRES_SCHEMES = ("postgresql://", "postgres://")
 T = TypeVar("T")
-
-
-class Journal(Protocol):
-    def get(self, key: str, canonical: dict[str, Any]) -> ChatResult | None: ...
-
-    def put(self, key: str, canonical: dict[str, Any], result: ChatResult) -> None: ...
+__all__ = ["Journal", "PostgresJournal", "RowJournal", "SqliteJournal", "open_journal", "redact_url"]
 
 
 def _checksum(key: str, body: str) -> str:
@@ -127,6 +122,20 @@ class RowJournal(ABC):
         self._puts += 1
         if self._puts % self.PRUNE_EVERY == 0:
             self.prune()
+
+    def count_fault(self, fault_key: str) -> int:
+        """Remember one more occurrence of a fault (an error of ours for one record); returns how many so far.
+
+        Kept beside the results, so the count survives the restart that the first occurrence causes.
+        """
+        key = "fault:" + fault_key
+        row = self._select(key)
+        seen = 0
+        if row is not None and _checksum(key, row[1]) == row[2]:
+            seen = int(json.loads(row[1]).get("faults", 0))
+        body = json.dumps({"faults": seen + 1})
+        self._upsert(Row(key, key, body, _checksum(key, body), time.time()))
+        return seen + 1
 
     def prune(self) -> None:
         self._expire(time.time() - self.max_age_s, self.max_entries)

@@ -1,54 +1,114 @@
-"""LLM calls on worker threads, looked up by request digest.
+"""LLM calls on worker threads, looked up by request digest, with an estimate of when each one ends.
 
-Operators never block on a call: they submit requests, poll from timers, and apply results when they
-are there. Keyed by digest, a request submitted twice runs once, and a result outlives the failure of
-its siblings in the same round (the journal keeps it across restarts too).
+Operators never block on a call during normal processing: they submit requests, and a key is woken when
+its calls are expected to be done (`wake_at_ms`: the call's start plus the typical latency seen so far), so
+finished work is applied within a few milliseconds instead of a fixed polling interval. Keyed by digest, a
+request submitted twice runs once, and a result outlives the failure of its siblings in the same round (the
+journal keeps it across restarts too). A worker thread starts the next queued call the moment one ends.
 """
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from dataclasses import dataclass
+from typing import Any
 
-from flink_memory.llm.client import ChatRequest, ChatResult, LLMClient
+from flink_memory.llm.types import ChatRequest, ChatResult
+
+
+@dataclass
+class _Call:
+    future: Future[ChatResult]
+    seq: int
+    started_at: float | None = None
 
 
 class CallPool:
-    def __init__(self, client: LLMClient, workers: int) -> None:
-        self.client = client
+    def __init__(self, complete: Any, workers: int, *, min_poll_ms: int = 5, max_poll_ms: int = 1000) -> None:
+        self._complete = complete
+        self.workers = workers
         self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="flink-memory-llm")
-        self._futures: dict[str, Future[ChatResult]] = {}
+        self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
+        self._seq = itertools.count()
+        self._started = 0  # submission number of the newest call a worker has picked up
+        self._latency_s: float | None = None  # moving average of call durations
+        self.min_poll_ms = min_poll_ms
+        self.max_poll_ms = max_poll_ms
 
     def submit(self, request: ChatRequest) -> None:
         key = request.digest
         with self._lock:
-            if key not in self._futures:
-                self._futures[key] = self._executor.submit(self.client.complete, request)
+            if key in self._calls:
+                return
+            call = _Call(Future(), next(self._seq))
+            call.future = self._executor.submit(self._run, call, request)  # under the lock: never seen half-made
+            self._calls[key] = call
+
+    def _run(self, call: _Call, request: ChatRequest) -> ChatResult:
+        started = time.monotonic()
+        with self._lock:
+            call.started_at = started
+            self._started = max(self._started, call.seq)
+        try:
+            return self._complete(request)
+        finally:
+            elapsed = time.monotonic() - started
+            with self._lock:
+                self._latency_s = elapsed if self._latency_s is None else 0.8 * self._latency_s + 0.2 * elapsed
 
     def in_flight(self) -> int:
         with self._lock:
-            return sum(1 for f in self._futures.values() if not f.done())
+            return sum(1 for c in self._calls.values() if not c.future.done())
 
-    def poll(self, request: ChatRequest) -> ChatResult | BaseException | None:
-        """The result, the error, or None while the call runs (or was never submitted)."""
+    def finished(self) -> Mapping[str, ChatResult | BaseException]:
+        """Finished calls by digest (what the stage cores read); unfinished and unknown ones are absent."""
+        return _FinishedView(self)
+
+    def _result(self, digest: str) -> ChatResult | BaseException | None:
         with self._lock:
-            future = self._futures.get(request.digest)
-        if future is None or not future.done():
+            call = self._calls.get(digest)
+        if call is None or not call.future.done():
             return None
-        error = future.exception()
-        return error if error is not None else future.result()
+        error = call.future.exception()
+        return error if error is not None else call.future.result()
 
-    def known(self, request: ChatRequest) -> bool:
+    def any_done(self, digests: Iterable[str]) -> bool:
+        """Whether one of these calls has finished (or is unknown here, e.g. after a restore)."""
         with self._lock:
-            return request.digest in self._futures
+            return any((c := self._calls.get(d)) is None or c.future.done() for d in digests)
 
-    def wait(self, requests: Iterable[ChatRequest], timeout_s: float | None = None) -> None:
-        """Block until every given (submitted) request is done, or the timeout passes."""
+    def wake_at_ms(self, digests: Iterable[str], now_ms: int) -> int:
+        """When to look at these calls again: when the first of them is expected to end."""
+        now = time.monotonic()
+        latency = self._latency_s if self._latency_s is not None else 0.2
+        soonest: float | None = None
         with self._lock:
-            futures = [self._futures[r.digest] for r in requests if r.digest in self._futures]
+            for digest in digests:
+                call = self._calls.get(digest)
+                if call is None or call.future.done():
+                    return now_ms
+                if call.started_at is not None:
+                    eta = call.started_at + latency
+                    if eta <= now:  # running longer than usual: look again after a fraction of its age
+                        eta = now + min(self.max_poll_ms / 1000, 0.2 * (now - call.started_at))
+                else:  # queued behind others: roughly one latency per round of workers ahead of it
+                    ahead = max(0, call.seq - self._started)
+                    eta = now + latency * (1 + ahead // self.workers)
+                soonest = eta if soonest is None else min(soonest, eta)
+        if soonest is None:
+            return now_ms
+        delay_ms = int((soonest - now) * 1000) + 1
+        return now_ms + max(self.min_poll_ms, min(self.max_poll_ms, delay_ms))
+
+    def wait(self, digests: Iterable[str], timeout_s: float | None = None) -> None:
+        """Block until every given (submitted) call is done, or the timeout passes."""
+        with self._lock:
+            futures = [c.future for d in digests if (c := self._calls.get(d)) is not None]
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         pending = [f for f in futures if not f.done()]
         while pending:
@@ -58,16 +118,40 @@ class CallPool:
             if deadline is not None and time.monotonic() >= deadline:
                 return
 
-    def forget(self, requests: Iterable[ChatRequest]) -> None:
+    def forget(self, digests: Iterable[str]) -> None:
         with self._lock:
-            for request in requests:
-                self._futures.pop(request.digest, None)
+            for digest in digests:
+                call = self._calls.get(digest)
+                if call is not None and call.future.done():
+                    del self._calls[digest]
 
     def close(self, grace_s: float = 0.0) -> None:
         """Cancel queued calls; give running ones `grace_s` to finish, so their results reach the journal
         (an operator closing on failure or cancel then does not pay for them again after the restart)."""
         self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
-            running = [f for f in self._futures.values() if not f.done()]
+            running = [c.future for c in self._calls.values() if not c.future.done()]
         if running and grace_s > 0:
             wait(running, timeout=grace_s)
+
+
+class _FinishedView(Mapping[str, "ChatResult | BaseException"]):
+    def __init__(self, pool: CallPool) -> None:
+        self._pool = pool
+
+    def __getitem__(self, digest: str) -> ChatResult | BaseException:
+        result = self._pool._result(digest)
+        if result is None:
+            raise KeyError(digest)
+        return result
+
+    def get(self, digest: str, default: Any = None) -> Any:  # type: ignore[override]
+        result = self._pool._result(digest)
+        return default if result is None else result
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        with self._pool._lock:
+            return iter([d for d, c in self._pool._calls.items() if c.future.done()])
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)

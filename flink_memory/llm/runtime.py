@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
 from flink_memory.config import Config
-from flink_memory.llm.client import LLMClient
+from flink_memory.llm.client import LLMClient, RequestFactory
+from flink_memory.llm.pool import CallPool
 from flink_memory.tokens import TokenCounter, make_calibration, open_tokenizer
 
 
@@ -61,3 +64,52 @@ def read_stats(output_dir: str) -> dict[str, float]:
             # counters add up; a max_* figure (e.g. the largest prompt) is the largest of all attempts
             totals[key] = max(totals.get(key, 0), value) if key.startswith("max_") else totals.get(key, 0) + value
     return totals
+
+
+@dataclass
+class Runtime:
+    """One client, call pool and request factory per worker process, shared by every stage in it.
+
+    In thread mode all operators of a TaskManager run in one interpreter, so `llm.max_concurrency` is the
+    number of calls in flight per TaskManager; in process mode, per Python worker. Operators take a
+    reference in open() and release it in close(); the last release drains and closes.
+    """
+
+    client: LLMClient
+    pool: CallPool
+    factory: RequestFactory
+    journal_on: bool
+    users: int = 0
+
+
+_RUNTIMES: dict[tuple[str, str | None], Runtime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def acquire_runtime(config: Config, output_dir: str | None) -> Runtime:
+    key = (config.model_dump_json(), output_dir)
+    with _RUNTIMES_LOCK:
+        runtime = _RUNTIMES.get(key)
+        if runtime is None:
+            client = make_client(config, output_dir)
+            pool = CallPool(client.complete, config.llm.max_concurrency, min_poll_ms=config.job.poll_interval_ms)
+            runtime = Runtime(client, pool, RequestFactory.from_config(config.llm, client.counter),
+                              journal_on=client.journal is not None)
+            _RUNTIMES[key] = runtime
+        runtime.users += 1
+        return runtime
+
+
+def release_runtime(config: Config, output_dir: str | None, stage: str) -> None:
+    key = (config.model_dump_json(), output_dir)
+    with _RUNTIMES_LOCK:
+        runtime = _RUNTIMES.get(key)
+        if runtime is None:
+            return
+        runtime.users -= 1
+        if runtime.users > 0:
+            return
+        del _RUNTIMES[key]
+    runtime.pool.close(config.journal.drain_on_close_s if runtime.journal_on else 0.0)
+    write_stats(output_dir, stage, 0, 0, runtime.client.stats.snapshot())
+    runtime.client.close()

@@ -1,18 +1,25 @@
-"""Per-agent batch packing: close at max_items, at the token budget, or when a timeout says so."""
+"""Per-agent batch packing: close at max_items or at the token budget (and, on unbounded input, a timeout).
+
+The buffer is small state (counts and the newest entry's dates); the units themselves live in a map keyed
+by sequence number, so adding a unit reads and writes one entry, never the whole batch.
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from flink_memory.config import Config
+from flink_memory.records import MemoryUnit
+from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import Packer, child_target, entry_room
 from flink_memory.tokens import Budget
 
 
-def unit_entry(unit: dict[str, Any]) -> dict[str, Any]:
+def unit_entry(unit: MemoryUnit | dict[str, Any]) -> dict[str, Any]:
     """How a memory unit appears in a batch prompt: its text and its time."""
-    return {"text": unit["text"], "from": unit.get("ts"), "to": unit.get("ts")}
+    data = unit.model_dump(mode="json") if isinstance(unit, MemoryUnit) else unit
+    return {"text": data["text"], "from": data.get("ts"), "to": data.get("ts")}
 
 
 @dataclass(frozen=True)
@@ -29,47 +36,46 @@ class BatchLimits:
         return cls(config.batching.max_items, min(room, wanted) if wanted else room, target)
 
 
-@dataclass
-class BatchBuffer:
-    """Units waiting for their batch; plain data kept in keyed state."""
+class BatchBuffer(StateModel):
+    """Units waiting for their batch: sequence numbers first .. first + count - 1."""
 
-    units: list[dict[str, Any]] = field(default_factory=list)
+    first: int = 0
+    count: int = 0
     tokens: int = 0
     opened_at_ms: int | None = None
+    last: dict[str, Any] | None = None  # the newest entry's dates (the next one's date line depends on it)
 
-    def add(self, unit: dict[str, Any], limits: BatchLimits, now_ms: int,
-            budget: Budget) -> list[list[dict[str, Any]]]:
-        """Add one unit; returns the batches this closes, oldest first.
+    @property
+    def next_seq(self) -> int:
+        """The sequence number the next unit gets."""
+        return self.first + self.count
+
+    def add(self, entry: dict[str, Any], limits: BatchLimits, now_ms: int, budget: Budget) -> list[range]:
+        """Add one entry (it gets `next_seq`); returns the batches this closes, as ranges of sequence numbers.
 
         Costs are counted as the batch request renders them (a date line only where the day changes). A unit
         larger than the whole budget is a batch of its own (the reduce job splits its text).
         """
-        closed: list[list[dict[str, Any]]] = []
-        packer = self._packer(budget)
-        cost = packer.cost(unit_entry(unit))
-        if self.units and self.tokens + cost > limits.max_tokens:
+        closed: list[range] = []
+        cost = self._packer(budget).cost(entry)
+        if self.count and self.tokens + cost > limits.max_tokens:
             closed.append(self.take())
-            cost = self._packer(budget).cost(unit_entry(unit))
-        if not self.units:
+            cost = self._packer(budget).cost(entry)
+        if not self.count:
             self.opened_at_ms = now_ms
-        self.units.append(unit)
+        self.count += 1
         self.tokens += cost
-        if len(self.units) >= limits.max_items or self.tokens >= limits.max_tokens:
+        self.last = {"from": entry.get("from"), "to": entry.get("to"), "text": ""}
+        if self.count >= limits.max_items or self.tokens >= limits.max_tokens:
             closed.append(self.take())
         return closed
 
     def _packer(self, budget: Budget) -> Packer:
         """A packer positioned after the buffered units (only the last one's date matters)."""
-        last = unit_entry(self.units[-1]) if self.units else None
-        return Packer.after(budget.counter, len(self.units), self.tokens, last)
+        return Packer.after(budget.counter, self.count, self.tokens, self.last)
 
-    def take(self) -> list[dict[str, Any]]:
-        units, self.units, self.tokens, self.opened_at_ms = self.units, [], 0, None
-        return units
-
-    def to_state(self) -> dict[str, Any]:
-        return {"units": self.units, "tokens": self.tokens, "opened_at_ms": self.opened_at_ms}
-
-    @classmethod
-    def from_state(cls, data: dict[str, Any] | None) -> BatchBuffer:
-        return cls(**data) if data else cls()
+    def take(self) -> range:
+        taken = range(self.first, self.first + self.count)
+        self.first += self.count
+        self.count, self.tokens, self.opened_at_ms, self.last = 0, 0, None, None
+        return taken

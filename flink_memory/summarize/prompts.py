@@ -11,7 +11,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
+from flink_memory.config import Config
+from flink_memory.digests import digest
 from flink_memory.tokens import Budget, TokenCounter
+
+# Part of the summarization fingerprint and of every request, so a prompt change never reuses old results.
+SUMMARY_PROMPT_VERSION = "summary-v2"
 
 Purpose = Literal["batch", "part", "merge", "global"]
 
@@ -125,3 +130,23 @@ def child_target(budget: Budget, fan_in: int) -> int:
     """Length to ask of a summary that a merge will combine with fan_in - 1 siblings."""
     room = entry_room(budget, "merge", budget.max_output_tokens)
     return max(16, min(budget.max_output_tokens, room // fan_in - 8))
+
+
+def summarization_policy(config: Config) -> dict[str, Any]:
+    """Every setting that changes which summaries are made and what they say."""
+    return {
+        "max_items": config.batching.max_items,
+        "batch_max_tokens": config.batching.max_tokens,
+        "depth": config.summarization.depth,
+        "fan_in": config.summarization.fan_in,
+        "summary_prompt_version": SUMMARY_PROMPT_VERSION,
+        "model": config.llm.model,
+        "context_window": config.llm.context_window,
+        "max_output_tokens": config.llm.max_output_tokens,
+        "temperature": config.llm.temperature,
+        "seed": config.llm.seed,
+    }
+
+
+def summarization_fingerprint(config: Config) -> str:
+    return digest(summarization_policy(config))

@@ -1,6 +1,6 @@
 """Summarize any list of entries into one text without ever sending a request larger than the window.
 
-A `ReduceJob` is plain data (it lives in Flink state between calls). Each round is a pure function of
+A `ReduceJob` is a state model (it lives in Flink keyed state between calls). Each round is a pure function of
 its entries and its frozen token scale: if they fit one request, that request is the final call; otherwise
 an entry too large for a request is split into parts, entries are packed into groups that fit, and each group
 is summarized into a shorter entry, asked to be short enough that the next round fits one request. The same
@@ -11,12 +11,15 @@ Entries are `{"text", "from", "to"}` (from/to: RFC 3339 times or None).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Any
 
-from flink_memory.config import SUMMARY_PROMPT_VERSION
-from flink_memory.llm.client import ChatRequest, ChatResult, RequestFactory
+from pydantic import Field
+
+from flink_memory.llm.client import RequestFactory
+from flink_memory.llm.types import ChatRequest, ChatResult
+from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import (
+    SUMMARY_PROMPT_VERSION,
     Packer,
     Purpose,
     entry_room,
@@ -42,8 +45,7 @@ def _split_entry(entry: dict[str, Any], room: int, packer: Packer) -> list[dict[
     return [{**entry, "text": piece} for piece in pieces]
 
 
-@dataclass
-class ReduceJob:
+class ReduceJob(StateModel):
     purpose: Purpose
     entries: list[dict[str, Any]]
     target_tokens: int | None = None  # length asked of the final summary; None: llm.max_output_tokens
@@ -56,7 +58,7 @@ class ReduceJob:
     retry_at_ms: int = 0
     rejections: int = 0
     truncated: bool = False
-    models: list[str] = field(default_factory=list)
+    models: list[str] = Field(default_factory=list)
 
     # --- planning ------------------------------------------------------------------------------------
 
@@ -102,10 +104,10 @@ class ReduceJob:
         final, groups = self._plan(budget)
         if final:
             return [factory.build(messages_for(self.purpose, groups[0], self._final_target(budget)),
-                                  prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale)]
+                                  prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale, kind=self.purpose)]
         target = self._round_target(budget, len(groups))
         return [factory.build(messages_for(self._round_purpose, group, target),
-                              prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale)
+                              prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale, kind=self._round_purpose)
                 for group in groups]
 
     def advance(self, factory: RequestFactory, results: list[ChatResult]) -> str | None:
@@ -130,36 +132,13 @@ class ReduceJob:
         self.scale = max(factory.budget.counter.scale, self.scale or 0.0) if self.rejections else None
         return None
 
-    def rejected(self, budget: Budget) -> bool:
+    def rejected(self, factory: RequestFactory) -> bool:
         """A request of this round was refused for its length: re-pack smaller (False once tried too often)."""
         if self.rejections >= MAX_REJECTIONS:
             return False
         self.rejections += 1
-        self.scale = max((self.scale or 1.0) * 1.25, budget.counter.scale)
+        self.scale = max((self.scale or 1.0) * 1.25, factory.budget.counter.scale)
         return True
-
-    # --- state ---------------------------------------------------------------------------------------
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "purpose": self.purpose,
-            "entries": self.entries,
-            "target_tokens": self.target_tokens,
-            "scale": self.scale,
-            "round": self.round,
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "calls": self.calls,
-            "attempts": self.attempts,
-            "retry_at_ms": self.retry_at_ms,
-            "rejections": self.rejections,
-            "truncated": self.truncated,
-            "models": self.models,
-        }
-
-    @classmethod
-    def from_state(cls, data: dict[str, Any]) -> ReduceJob:
-        return cls(**data)
 
 
 def _condensed(group: list[dict[str, Any]], text: str) -> dict[str, Any]:

@@ -1,22 +1,50 @@
 """An agent's summary tree: a frontier of unmerged nodes per level, merged `fan_in` at a time.
 
-Plain data, kept in the merger's keyed state. Slots keep arrival order, so a merge whose call finished
-early still takes its place in chronology, and grouping depends only on the order of nodes, never on
-timing: a replay forms the same groups and hits the journal. A new batch node costs O(log N) merges.
+`SummaryTree` is the small part of the merger's keyed state: per level, slots of node ids in arrival order
+(a slot is a finished node, or a merge still running). Node contents live in a map beside it and are read
+only to pack a merge group. Slots keep arrival order, so a merge whose call finished early still takes its
+place in chronology, and grouping depends only on the order of nodes, never on timing: a replay forms the
+same groups and hits the journal. A new batch node costs O(log N) merges.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, Field
+
+from flink_memory.records import SummaryNode
+from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import Packer, entry_room
 from flink_memory.tokens import Budget
 
 
-def merge_entry(node: dict[str, Any]) -> dict[str, Any]:
+def merge_entry(node: SummaryNode | dict[str, Any]) -> dict[str, Any]:
     """How a child node appears in a merge prompt: its time range and its text."""
-    return {"text": node["text"], "from": node.get("first_ts"), "to": node.get("last_ts")}
+    data = node.model_dump(mode="json") if isinstance(node, SummaryNode) else node
+    return {"text": data["text"], "from": data.get("first_ts"), "to": data.get("last_ts")}
+
+
+class ChildRef(BaseModel):
+    """What a parent node needs of a child once the child's text has been merged."""
+
+    node_id: str
+    level: int
+    item_count: int
+    first_ts: str | None = None
+    last_ts: str | None = None
+
+    @classmethod
+    def of(cls, node: SummaryNode) -> ChildRef:
+        return cls(node_id=node.node_id, level=node.level, item_count=node.item_count, first_ts=node.first_ts,
+                   last_ts=node.last_ts)
+
+
+class Slot(BaseModel):
+    node_id: str
+    ready: bool  # False: the merge that makes this node is still running
 
 
 @dataclass(frozen=True)
@@ -25,52 +53,55 @@ class MergeStart:
 
     node_id: str
     level: int
-    children: list[dict[str, Any]]
+    children: list[SummaryNode]
 
 
-@dataclass
-class SummaryTree:
-    agent_id: str
-    levels: list[list[dict[str, Any]]] = field(default_factory=list)
-    merges_per_level: list[int] = field(default_factory=list)  # node ids count per level: deterministic
+class SummaryTree(StateModel):
+    levels: list[list[Slot]] = Field(default_factory=list)
+    merges_per_level: list[int] = Field(default_factory=list)  # node ids count per level: deterministic
     global_version: int = 0
-    global_children: list[str] = field(default_factory=list)
+    global_children: list[str] = Field(default_factory=list)
 
     # --- growth --------------------------------------------------------------------------------------
 
-    def add(self, node: dict[str, Any], fan_in: int, budget: Budget) -> list[MergeStart]:
-        """A finished node joins the frontier of its level; returns the merges this makes ready."""
-        level = node["level"]
-        slots = self._level(level)
+    def add(self, node: SummaryNode, fan_in: int | None, budget: Budget,
+            lookup: Callable[[str], SummaryNode]) -> list[MergeStart]:
+        """A finished node joins the frontier of its level; returns the merges this makes ready.
+
+        `fan_in` None never merges (summarization.depth: single). `lookup` reads a frontier node's content.
+        """
+        slots = self._level(node.level)
         for slot in slots:
-            if slot["node"] is None and slot["job"] == node["node_id"]:
-                slot["node"], slot["job"] = node, None
+            if not slot.ready and slot.node_id == node.node_id:
+                slot.ready = True
                 break
         else:
-            slots.append({"node": node, "job": None})
-        return self._form_groups(level, fan_in, budget)
+            slots.append(Slot(node_id=node.node_id, ready=True))
+        return self._form_groups(node.level, fan_in, budget, lookup) if fan_in else []
 
-    def _level(self, level: int) -> list[dict[str, Any]]:
+    def _level(self, level: int) -> list[Slot]:
         while len(self.levels) < level:
             self.levels.append([])
         return self.levels[level - 1]
 
-    def _form_groups(self, level: int, fan_in: int, budget: Budget) -> list[MergeStart]:
+    def _form_groups(self, level: int, fan_in: int, budget: Budget,
+                     lookup: Callable[[str], SummaryNode]) -> list[MergeStart]:
         started: list[MergeStart] = []
         limit = entry_room(budget, "merge", budget.max_output_tokens)
         slots = self._level(level)
         while True:
-            group: list[dict[str, Any]] = []
+            group: list[SummaryNode] = []
             packer = Packer(budget.counter)
             ready = False
             for slot in slots:
-                if slot["node"] is None:
+                if not slot.ready:
                     break  # an earlier merge is still running: keep chronology, wait for it
-                entry = merge_entry(slot["node"])
+                node = lookup(slot.node_id)
+                entry = merge_entry(node)
                 if len(group) >= 2 and packer.used + packer.cost(entry) > limit:
                     ready = True  # the next node would not fit this request
                     break
-                group.append(slot["node"])
+                group.append(node)
                 packer.add(entry)
                 if len(group) >= fan_in or (len(group) == 2 and packer.used > limit):
                     ready = True  # two nodes that do not fit one request: the merge job condenses them
@@ -82,24 +113,22 @@ class SummaryTree:
                 self.merges_per_level.append(0)
             self.merges_per_level[level] += 1
             node_id = f"merge-L{level + 1}-{self.merges_per_level[level]:06d}"
-            self._level(level + 1).append({"node": None, "job": node_id})
+            self._level(level + 1).append(Slot(node_id=node_id, ready=False))
             started.append(MergeStart(node_id=node_id, level=level + 1, children=group))
 
     # --- the global summary --------------------------------------------------------------------------
 
     def settled(self) -> bool:
-        return all(slot["node"] is not None for slots in self.levels for slot in slots)
+        """No merge is running: the frontier will not change until new input arrives."""
+        return all(slot.ready for slots in self.levels for slot in slots)
 
-    def frontier(self) -> list[dict[str, Any]]:
+    def frontier(self) -> list[str]:
         """Unmerged nodes, oldest first: higher levels were formed from earlier items."""
-        nodes: list[dict[str, Any]] = []
-        for slots in reversed(self.levels):
-            nodes.extend(slot["node"] for slot in slots if slot["node"] is not None)
-        return nodes
+        return [slot.node_id for slots in reversed(self.levels) for slot in slots if slot.ready]
 
     def needs_global(self) -> bool:
         frontier = self.frontier()
-        return self.settled() and bool(frontier) and [n["node_id"] for n in frontier] != self.global_children
+        return self.settled() and bool(frontier) and frontier != self.global_children
 
     def next_global_id(self) -> tuple[str, int]:
         version = self.global_version + 1
@@ -108,18 +137,3 @@ class SummaryTree:
     def global_done(self, children: list[str], version: int) -> None:
         self.global_children = children
         self.global_version = version
-
-    # --- state ---------------------------------------------------------------------------------------
-
-    def to_state(self) -> dict[str, Any]:
-        return {
-            "agent_id": self.agent_id,
-            "levels": self.levels,
-            "merges_per_level": self.merges_per_level,
-            "global_version": self.global_version,
-            "global_children": self.global_children,
-        }
-
-    @classmethod
-    def from_state(cls, data: dict[str, Any]) -> SummaryTree:
-        return cls(**data)

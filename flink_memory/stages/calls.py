@@ -1,0 +1,155 @@
+"""The call protocol every stage shares: jobs that ask for requests and advance on their results.
+
+A job (a summary `ReduceJob`, a chunk `PlanJob`) is plain data in keyed state. `drive` moves it as far as
+finished calls allow and says what to start next; it never waits and never touches a pool, so the stage
+cores stay pure and a test answers calls with a dict. The Flink shell submits `Progress.start` to its pool,
+and hands finished results back on the key's next activation.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+from flink_memory.llm.types import ChatRequest, ChatResult, ContextOverflow, LLMCallError
+from flink_memory.records import DeadLetter
+
+# Results of finished calls by request digest: a ChatResult, or the error the call ended with.
+Finished = Mapping[str, "ChatResult | BaseException"]
+
+
+class CallJob(Protocol):
+    """A job and the context its requests are built from (a RequestFactory for summaries, a PlanTask for plans)."""
+
+    attempts: int
+    retry_at_ms: int
+
+    def requests(self, context: Any) -> list[ChatRequest]:
+        """The calls of the current round (deterministic: a replay asks for the same ones)."""
+
+    def advance(self, context: Any, results: list[ChatResult]) -> Any | None:
+        """Apply a round's results; the job's value once it is done, else None (another round follows)."""
+
+    def rejected(self, context: Any) -> bool:
+        """A request was refused for its length: re-pack smaller; False once that was tried too often."""
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    base_s: float = 2.0
+    max_s: float = 300.0
+
+    def backoff_ms(self, attempts: int) -> int:
+        return int(min(self.max_s, self.base_s * 2 ** max(0, attempts - 1)) * 1000)
+
+
+@dataclass
+class Progress:
+    state: Literal["done", "pending", "waiting", "failed"]
+    value: Any = None
+    error: LLMCallError | None = None
+    start: list[ChatRequest] = field(default_factory=list)  # submit these (idempotent by digest)
+    results: list[ChatResult] = field(default_factory=list)  # consumed: account for them
+    consumed: list[str] = field(default_factory=list)  # digests the pool may forget
+    rejections: int = 0
+
+
+def drive(job: CallJob, context: Any, finished: Finished, now_ms: int, retry: RetryPolicy) -> Progress:
+    """Advance `job` with the finished calls; never blocks.
+
+    A length refusal (ContextOverflow) re-packs the job at once; any other provider failure (LLMCallError)
+    puts it to sleep with exponential backoff, and it stays in state. Anything else is a bug and is raised.
+    """
+    progress = Progress("pending")
+    while True:
+        if job.retry_at_ms > now_ms:
+            progress.state = "waiting"
+            return progress
+        wanted = job.requests(context)
+        answers = [finished.get(request.digest) for request in wanted]
+        missing = [request for request, answer in zip(wanted, answers) if answer is None]
+        if missing:
+            progress.state, progress.start = "pending", missing
+            return progress
+        errors = [answer for answer in answers if isinstance(answer, BaseException)]
+        progress.consumed.extend(request.digest for request in wanted)
+        if errors:
+            error = errors[0]
+            if not isinstance(error, LLMCallError):
+                raise error
+            if isinstance(error, ContextOverflow) and job.rejected(context):
+                progress.rejections += 1
+                continue
+            job.attempts += 1
+            job.retry_at_ms = now_ms + retry.backoff_ms(job.attempts)
+            progress.state, progress.error = "failed", error
+            return progress
+        results = [answer for answer in answers if isinstance(answer, ChatResult)]
+        progress.results.extend(results)
+        value = job.advance(context, results)
+        job.attempts = 0
+        if value is not None:
+            progress.state, progress.value = "done", value
+            return progress
+
+
+@dataclass
+class Effects:
+    """What one activation of a stage core asks the shell to do."""
+
+    out: list[str] = field(default_factory=list)  # main output, keyed by the current agent
+    dead_letters: list[DeadLetter] = field(default_factory=list)
+    manifests: list[str] = field(default_factory=list)
+    start: list[ChatRequest] = field(default_factory=list)
+    waiting: list[ChatRequest] = field(default_factory=list)  # calls in flight this key waits for
+    wake_at_ms: int | None = None  # a time-based wake-up (backoff, batch timeout, global refresh)
+    results: list[ChatResult] = field(default_factory=list)
+    consumed: list[str] = field(default_factory=list)
+    failures: list[LLMCallError] = field(default_factory=list)
+    rejections: int = 0
+    counts: Counter[str] = field(default_factory=Counter)
+
+    @property
+    def idle(self) -> bool:
+        """Nothing in flight and nothing scheduled: the key needs no wake-up."""
+        return not self.waiting and self.wake_at_ms is None
+
+    def wake(self, at_ms: int | None) -> None:
+        if at_ms is not None:
+            self.wake_at_ms = at_ms if self.wake_at_ms is None else min(self.wake_at_ms, at_ms)
+
+    def track(self, progress: Progress, job: CallJob) -> None:
+        """Record a drive's side effects: calls to start and wait for, results, failures, the retry time."""
+        self.start.extend(progress.start)
+        if progress.state == "pending":
+            self.waiting.extend(progress.start)
+        if progress.state in ("waiting", "failed"):
+            self.wake(job.retry_at_ms)
+        if progress.error is not None:
+            self.failures.append(progress.error)
+        self.results.extend(progress.results)
+        self.consumed.extend(progress.consumed)
+        self.rejections += progress.rejections
+
+
+def run_to_end(job: CallJob, context: Any, pool: Any, retry: RetryPolicy, clock: Any = None) -> Any:
+    """Drive one job to its value, blocking: for callers outside Flink (tools, benchmarks, tests).
+
+    `pool` is a CallPool; provider failures wait out their backoff and try again, like in the job.
+    """
+    import time
+
+    now_ms = clock or (lambda: int(time.time() * 1000))
+    while True:
+        progress = drive(job, context, pool.finished(), now_ms(), retry)
+        pool.forget(progress.consumed)
+        if progress.state == "done":
+            return progress.value
+        for request in progress.start:
+            pool.submit(request)
+        if progress.state == "pending":
+            pool.wait([r.digest for r in progress.start], timeout_s=60)
+        else:
+            time.sleep(max(0.0, (job.retry_at_ms - now_ms()) / 1000))

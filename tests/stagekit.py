@@ -1,0 +1,162 @@
+"""The three stage cores wired like the Flink job, without Flink: millisecond tests of whole pipelines.
+
+`Pipeline` parses lines, keys them by agent and runs planner -> batcher -> merger on `MemoryState`, the
+way `flink_memory.flink.operators.StageFunction` does: it starts the calls a core asks for, answers them
+with `answer(request)` (a ChatResult, or an exception to raise as the call's error), and wakes a key again
+until nothing is left in flight. Time is a fake clock that jumps to the next deadline.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from flink_memory.config import Config, load_config
+from flink_memory.llm.client import RequestFactory
+from flink_memory.llm.types import ChatRequest, ChatResult
+from flink_memory.records import DeadLetter, parse_line
+from flink_memory.stages.batcher import BatcherCore
+from flink_memory.stages.calls import Effects
+from flink_memory.stages.merger import MergerCore
+from flink_memory.stages.planner import PlannerCore
+from flink_memory.state import MemoryState, StateTransaction
+from flink_memory.tokens import estimate_messages
+
+END_OF_INPUT = "end-of-input"
+
+
+def cfg(*overrides: str) -> Config:
+    return load_config(None, list(overrides), environ={})
+
+
+def summary_answer(request: ChatRequest) -> ChatResult:
+    """A short summary naming the request's first entry line (so tests can trace what was summarized)."""
+    lines = [line for line in request.messages[-1][1].splitlines()[1:] if not line.startswith("@")]
+    return ChatResult(text=f"Summary of {len(lines)}: {lines[0][:40] if lines else ''}",
+                      prompt_tokens=estimate_messages(request.message_dicts()), completion_tokens=8, model="fake")
+
+
+@dataclass
+class Stage:
+    name: str
+    core: Any
+    state: MemoryState = field(default_factory=MemoryState)
+
+    def run(self, key: str, call: Callable[[StateTransaction], Effects]) -> Effects:
+        self.state.current_key = key
+        transaction = StateTransaction(self.core.schema, self.state, key)
+        effects = call(transaction)
+        transaction.commit()
+        return effects
+
+
+class Pipeline:
+    def __init__(self, config: Config, answer: Callable[[ChatRequest], ChatResult] = summary_answer, *,
+                 bounded: bool = True, factory: RequestFactory | None = None) -> None:
+        self.config = config
+        self.answer = answer
+        self.factory = factory or RequestFactory.from_config(config.llm)
+        self.now = 1_000_000
+        self.finished: dict[str, ChatResult | BaseException] = {}
+        self.sent: list[ChatRequest] = []
+        self.summaries: list[dict[str, Any]] = []
+        self.manifests: list[dict[str, Any]] = []
+        self.dead_letters: list[DeadLetter] = []
+        self.stages = [Stage("planner", PlannerCore(config, self.factory)),
+                       Stage("batcher", BatcherCore(config, self.factory, bounded=bounded)),
+                       Stage("merger", MergerCore(config, self.factory, bounded=bounded))]
+        self.deadlines: dict[tuple[int, str], int] = {}
+        self.waiting: set[tuple[int, str]] = set()
+
+    # --- feeding -------------------------------------------------------------------------------------
+
+    def feed(self, *records: Any) -> Pipeline:
+        for record in records:
+            line = record if isinstance(record, str) else json.dumps(record)
+            parsed = parse_line(line)
+            if isinstance(parsed, DeadLetter):
+                self.dead_letters.append(parsed)
+                continue
+            self._deliver(0, parsed.agent_id, parsed.model_dump_json())
+        return self
+
+    def settle(self) -> Pipeline:
+        """Answer every call and wake every key until nothing is in flight (deadlines in the future wait)."""
+        while self.waiting:
+            for index, key in sorted(self.waiting):
+                self.waiting.discard((index, key))
+                self._activate(index, key, lambda st, s=self.stages[index]: s.core.on_wake(st, self.finished,
+                                                                                          self.now))
+        return self
+
+    def advance(self, seconds: float) -> Pipeline:
+        """Let time pass: keys whose deadline comes due are woken."""
+        self.now += int(seconds * 1000)
+        for (index, key), at in sorted(self.deadlines.items()):
+            if at <= self.now:
+                del self.deadlines[(index, key)]
+                self._activate(index, key, lambda st, s=self.stages[index]: s.core.on_wake(st, self.finished,
+                                                                                          self.now))
+        return self.settle()
+
+    def end(self) -> Pipeline:
+        """The end of a bounded input: each stage finishes each agent, then tells the next stage."""
+        for index, stage in enumerate(self.stages):
+            keys = {k for k, _ in stage.state.values} | {k for k, _ in stage.state.maps}
+            for key in sorted(keys):
+                self._activate(index, key, lambda st, s=stage: s.core.on_end(st, self.finished, self.now))
+            while self.settle().deadlines:  # backoffs: jump to them
+                self.advance(max(0, (min(self.deadlines.values()) - self.now) / 1000) + 0.001)
+        return self
+
+    # --- the shell -----------------------------------------------------------------------------------
+
+    def _deliver(self, index: int, key: str, payload: str) -> None:
+        stage = self.stages[index]
+        self._activate(index, key, lambda st: stage.core.on_input(st, payload, self.finished, self.now))
+
+    def _activate(self, index: int, key: str, call: Callable[[StateTransaction], Effects]) -> None:
+        effects = self.stages[index].run(key, call)
+        for request in effects.start:
+            if request.digest not in self.finished:
+                self.sent.append(request)
+                try:
+                    self.finished[request.digest] = self.answer(request)
+                except Exception as exc:  # noqa: BLE001 - the call's error, as the pool would hold it
+                    self.finished[request.digest] = exc
+        for digest in effects.consumed:
+            self.finished.pop(digest, None)
+        if effects.waiting:
+            self.waiting.add((index, key))
+        if effects.wake_at_ms is not None:
+            self.deadlines[(index, key)] = effects.wake_at_ms
+        else:
+            self.deadlines.pop((index, key), None)
+        self.manifests.extend(json.loads(m) for m in effects.manifests)
+        self.dead_letters.extend(effects.dead_letters)
+        for payload in effects.out:
+            if index + 1 < len(self.stages):
+                self._deliver(index + 1, key, payload)
+            else:
+                self.summaries.append(json.loads(payload))
+
+    # --- reading -------------------------------------------------------------------------------------
+
+    def nodes(self, kind: str) -> list[dict[str, Any]]:
+        return [n for n in self.summaries if n["kind"] == kind]
+
+    def batch_units(self) -> dict[str, list[str]]:
+        units: dict[str, list[str]] = defaultdict(list)
+        for node in self.nodes("batch"):
+            units[node["agent_id"]].extend(node["children"])
+        return dict(units)
+
+    def current(self, agent: str) -> dict[str, Any] | None:
+        globals_ = [n for n in self.nodes("global") if n["agent_id"] == agent]
+        return max(globals_, key=lambda n: n["version"]) if globals_ else None
+
+    def calls(self, kind: str | None = None) -> int:
+        return sum(1 for r in self.sent if kind is None or r.kind == kind)
