@@ -65,8 +65,10 @@ def test_retention_and_single_depth(tmp_path):
     assert {n["kind"] for n in glob_only["summaries"]} == {"global"}
     assert {n["agent_id"]: n["item_count"] for n in latest_globals(glob_only["summaries"]).values()} == {
         "agent-0": 12, "agent-1": 12}
-    assert {n["kind"] for n in single["summaries"]} == {"batch"}
+    assert {n["kind"] for n in single["summaries"]} == {"batch", "global"}  # no merges, still a current memory
     assert batch_units(single["summaries"]) == expected_units(records)
+    for node in latest_globals(single["summaries"]).values():
+        assert node["item_count"] == 12 and all(c.startswith("batch-") for c in node["children"])
     assert {n["kind"] for n in batch_global["summaries"]} == {"batch", "global"}
 
 
