@@ -20,6 +20,7 @@ import json
 import logging
 import os
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -47,6 +48,7 @@ KEYED = Types.TUPLE([Types.STRING(), Types.STRING()])
 _LONG_MAX = 2**63 - 1
 END_PHASES = 8  # rounds per key at the end of input (batch, merges, global) before the last one drains
 END_TIMERS = [_LONG_MAX - 64 + i for i in range(END_PHASES)]
+_FAULTS: Counter[str] = Counter()  # faults seen by this interpreter, when no journal remembers them
 CORES = {"planner": PlannerCore, "batcher": BatcherCore, "merger": MergerCore}
 # Between stages: "this agent's input has ended here" (a stage's own keyed records are JSON objects).
 END_OF_INPUT = "end-of-input"
@@ -214,9 +216,9 @@ class StageFunction(KeyedProcessFunction):
         self.activations += 1
         key = ctx.get_current_key()
         now = ctx.timer_service().current_processing_time()
+        _fault_hook(self.config.job.inject_failure, self.stage, self.activations)  # a crash drill: restarts
         state = StateTransaction(self.core.schema, self.state, key)
         try:
-            _fault_hook(self.config.job.inject_failure, self.stage, self.activations)
             effects = call(state, now)
             state.commit()
         except Exception as exc:  # a bug of ours for this record: a restart first, then a dead letter
@@ -241,7 +243,12 @@ class StageFunction(KeyedProcessFunction):
         """Raise the first time (the job restarts from its checkpoint); dead-letter it when it comes again."""
         fault = digest_parts([self.stage, key, payload or "wake", type(exc).__name__])
         journal = self.runtime.client.journal
-        if journal is not None and journal.count_fault(fault) <= 1:
+        if journal is not None:
+            seen = journal.count_fault(fault)
+        else:  # without a journal, this interpreter remembers (thread mode keeps it across restarts)
+            _FAULTS[fault] += 1
+            seen = _FAULTS[fault]
+        if seen <= 1:
             log.error("%s: error for agent %s, restarting from the last checkpoint once: %r", self.stage, key, exc)
             raise exc
         reason = f"internal error in the {self.stage} stage: {type(exc).__name__}: {exc}"
