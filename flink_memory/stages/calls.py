@@ -42,7 +42,7 @@ class RetryPolicy:
     max_s: float = 300.0
 
     def backoff_ms(self, attempts: int) -> int:
-        return int(min(self.max_s, self.base_s * 2 ** max(0, attempts - 1)) * 1000)
+        return int(min(self.max_s, self.base_s * 2 ** min(40, max(0, attempts - 1))) * 1000)
 
 
 @dataclass
