@@ -55,15 +55,40 @@ def _get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
+KINDS = ("plan", "batch", "part", "merge", "global")
+
+
+def count_lines(path: str) -> int | None:
+    """Lines of a bounded local input (a file, or the files of a folder); None when it cannot be read here."""
+    root = Path(path.removeprefix("file://"))
+    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    if not files:
+        return None
+    total = 0
+    for file in files:
+        with file.open("rb") as handle:
+            for block in iter(lambda h=handle: h.read(1 << 20), b""):
+                total += block.count(b"\n")
+    return total
+
+
 class Progress:
-    """Polls the local cluster's REST API for the job's counters and prints one line every few seconds."""
+    """Polls the local cluster's REST API for the job's counters and reports them.
 
-    NAMES = ("records_in", "dead_letters", "units_in", "batches", "merges", "globals", "llm_in_flight")
+    On a terminal: one line, rewritten every second. Otherwise (a log, CI): a line every 30 seconds.
+    """
 
-    def __init__(self, port: int, job_id: str, stream: Any = sys.stderr) -> None:
+    NAMES = ("records_in", "dead_letters", "units_in", "batches", "merges", "globals", "llm_in_flight",
+             "pending_keys", *(f"llm_calls_{k}" for k in KINDS))
+
+    def __init__(self, port: int, job_id: str, stream: Any = sys.stderr, total: int | None = None) -> None:
         self.base = f"http://127.0.0.1:{port}"
         self.job_id = job_id
         self.stream = stream
+        self.total = total
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.every_s = 1.0 if self.tty else 30.0
+        self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
@@ -74,6 +99,9 @@ class Progress:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(timeout=5)
+        if self.tty:
+            self.stream.write("\n")
+            self.stream.flush()
 
     def snapshot(self) -> dict[str, float]:
         totals: dict[str, float] = {}
@@ -89,18 +117,28 @@ class Progress:
                 totals[name] = totals.get(name, 0) + float(metric.get("sum", 0))
         return totals
 
+    def line(self, s: dict[str, float]) -> str:
+        read = int(s.get("records_in", 0))
+        elapsed = time.monotonic() - self.started
+        if self.total:
+            records = f"records {read}/{self.total}"
+            if 0 < read < self.total:
+                records += f" (input ends in ~{elapsed * (self.total - read) / read:.0f} s)"
+        else:
+            records = f"records {read}"
+        calls = ", ".join(f"{k} {int(s[f'llm_calls_{k}'])}" for k in KINDS if s.get(f"llm_calls_{k}"))
+        return (f"[flink-memory] {elapsed:5.0f} s | {records} | dead letters {int(s.get('dead_letters', 0))}"
+                f" | batches {int(s.get('batches', 0))} | merges {int(s.get('merges', 0))}"
+                f" | globals {int(s.get('globals', 0))} | calls {calls or 0}"
+                f" | in flight {int(s.get('llm_in_flight', 0))}")
+
     def _run(self) -> None:
-        while not self._stop.wait(3.0):
+        while not self._stop.wait(self.every_s):
             try:
-                s = self.snapshot()
+                text = self.line(self.snapshot())
             except (OSError, ValueError, KeyError):
                 continue
-            self.stream.write(
-                f"[flink-memory] records {int(s.get('records_in', 0))} | dead letters {int(s.get('dead_letters', 0))}"
-                f" | units {int(s.get('units_in', 0))} | batches {int(s.get('batches', 0))}"
-                f" | merges {int(s.get('merges', 0))} | globals {int(s.get('globals', 0))}"
-                f" | LLM calls in flight {int(s.get('llm_in_flight', 0))}\n"
-            )
+            self.stream.write(f"\r\033[K{text}" if self.tty else text + "\n")
             self.stream.flush()
 
 
@@ -135,13 +173,15 @@ def report(output_dir: str, wall_s: float) -> str:
     units = sum(n["item_count"] for n in nodes if n["kind"] == "batch")
     stats = read_stats(output_dir)
     globals_ = latest_globals(nodes)
+    by_kind = ", ".join(f"{k} {int(stats[f'calls_{k}'])}" for k in KINDS if stats.get(f"calls_{k}"))
     lines = [
         "flink-memory run finished",
         f"  memory units summarized : {units} ({len(globals_)} agents)",
         f"  summary nodes           : {kinds['batch']} batch, {kinds['merge']} merge, {kinds['global']} global",
         f"  manifests / dead letters: {len(outputs['manifests'])} / {len(outputs['dead-letters'])}",
-        f"  LLM calls               : {int(stats.get('calls', 0))} ({int(stats.get('journal_hits', 0))} answered "
-        f"from the journal, {int(stats.get('failures', 0))} failed, {int(stats.get('retries', 0))} retried)",
+        f"  LLM calls               : {int(stats.get('calls', 0))} ({by_kind or 'none'}; "
+        f"{int(stats.get('journal_hits', 0))} answered from the journal, {int(stats.get('failures', 0))} failed, "
+        f"{int(stats.get('retries', 0))} retried)",
         f"  tokens                  : {int(stats.get('prompt_tokens', 0))} prompt, "
         f"{int(stats.get('completion_tokens', 0))} completion",
         f"  wall time               : {wall_s:.1f} s",
@@ -181,7 +221,7 @@ def run_job(args: argparse.Namespace) -> int:
     client = env.execute_async("flink-memory")
     job_id = str(client.get_job_id())
     print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
-    progress = Progress(port, job_id).start()
+    progress = Progress(port, job_id, total=None if args.follow else count_lines(args.input)).start()
     try:
         client.get_job_execution_result().result()
     finally:

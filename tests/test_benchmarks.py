@@ -15,17 +15,17 @@ def test_throughput_benchmark_smallest_size(tmp_path):
 
     out = tmp_path / "throughput.json"
     assert throughput.main(["--latency", "0.05", "--agents", "2", "--items-per-agent", "10", "--max-items", "5",
-                            "--overhead-items-per-agent", "20", "--json", str(out)]) == 0
+                            "--concurrency", "2", "--overhead-agents", "2", "--overhead-items-per-agent", "20",
+                            "--overhead-max-items", "5", "--no-process-mode", "--json", str(out)]) == 0
     results = json.loads(out.read_text())
-    for name in ("concurrency_4", "concurrency_1", "concurrency_4_bundle_size_100", "concurrency_4_thread_mode"):
-        case = results[name]
-        assert case["batch_calls"] == 2 * 2
-        assert case["all_calls"] > case["batch_calls"]  # globals at least
-        # each call takes at least the latency and at most max_concurrency run at once: the ideal is a ceiling
-        assert 0 < case["ratio_to_ideal"] <= 1.0
-    assert results["concurrency_1"]["max_in_flight"] >= 1
-    assert results["overhead"]["items"] == 80 and results["overhead"]["ratio"] > 0
-    assert results["overhead"]["bundle_size_100_over_default"] > 0 and results["overhead"]["thread_mode_over_default"] > 0
+    case = results["concurrency_default"]
+    assert case["calls_by_kind"]["batch"] == 2 * 2 and case["calls_by_kind"]["global"] == 2
+    assert case["minimum_calls"] == 2 * (2 + 1) and case["calls"] >= case["minimum_calls"]
+    # each call takes at least the latency and at most max_concurrency run at once: 1.0 is a ceiling
+    assert 0 < case["concurrency_ratio"] <= 1.0
+    overhead = results["overhead"]
+    assert overhead["items"] == 40 and overhead["bare_over_ours"] > 0
+    assert overhead["minimum_calls"] == 2 * (4 + 1) and overhead["calls"] >= overhead["minimum_calls"]
 
 
 def test_strategy_benchmark_smallest_sizes(tmp_path):

@@ -2,8 +2,10 @@
 the output equals a run without failure. The replay journal makes the repeated provider calls zero."""
 
 import json
+import shutil
 import time
 from collections import Counter
+from pathlib import Path
 
 import pytest
 from jobkit import (
@@ -156,3 +158,47 @@ def _covered(output, expected):
     if batch_units(out["summaries"]) != expected:
         return False
     return {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == dict(units_per_agent(expected))
+
+
+RELEASE_FIXTURE = Path(__file__).resolve().parent / "data" / "release-0.1.0"
+RELEASE_ROOT = Path("/tmp/flink-memory-release-0.1.0")  # where the fixture was written (its state names paths)
+
+
+def test_restore_a_checkpoint_of_release_0_1_0(tmp_path, baseline):
+    """State layout 1 (one JSON value per stage) restored by this release: the planner's queue, the batcher's
+    partial batches and the merger's trees are migrated on first use and every unit ends up summarized."""
+    shutil.rmtree(RELEASE_ROOT, ignore_errors=True)
+    shutil.copytree(RELEASE_FIXTURE, RELEASE_ROOT)
+    output = RELEASE_ROOT / "output"
+    checkpoint = next(output.glob("_checkpoints/*/chk-2"))
+    expected = batch_units(baseline[0]["summaries"])
+    try:
+        with ScriptedServer(slow_script) as server:
+            job = spawn(cli_command(RELEASE_ROOT / "input", output, server, None, *SETTINGS,
+                                    "batching.flush_after_s=5", "summarization.global_refresh_s=1", "job.recheck_s=2",
+                                    args=("--follow", "--restore", str(checkpoint))), tmp_path / "restored.log")
+            try:
+                wait_for(lambda: _covered(output, expected), timeout_s=180, every_s=1)
+            finally:
+                kill_group(job)
+        out = read_outputs(str(output))
+        check_tree(out["summaries"], units_per_agent(expected))
+        assert batch_units(out["summaries"]) == expected
+        assert shape(out)[2:] == shape(baseline[0])[2:]  # manifests and dead letters
+    finally:
+        shutil.rmtree(RELEASE_ROOT, ignore_errors=True)
+
+
+def test_a_record_that_keeps_failing_is_dead_lettered_and_the_others_go_on(tmp_path):
+    """A deterministic error of ours for one record: one restart (it might have been transient), then the
+    record goes to dead-letters with stage `internal` and every other record is summarized."""
+    records = items(agents=2, per_agent=12)
+    with ScriptedServer() as server:
+        out = run(tmp_path, records, server.base_url, "batching.max_items=5", "job.inject_failure=record:agent-0/m5",
+                  "checkpointing.restart_backoff_s=0.2", journal=tmp_path / "journal.sqlite")
+    (dead,) = out["dead-letters"]
+    assert dead["stage"] == "internal" and (dead["agent_id"], dead["record_id"]) == ("agent-0", "m5")
+    assert "injected failure for record agent-0/m5" in dead["reason"]
+    expected = Counter((r["agent_id"], r["id"]) for r in records if (r["agent_id"], r["id"]) != ("agent-0", "m5"))
+    assert batch_units(out["summaries"]) == expected
+    assert {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == {"agent-0": 11, "agent-1": 12}

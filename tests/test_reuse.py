@@ -7,8 +7,6 @@ import pytest
 from jobkit import config_for
 from scripted_server import ScriptedServer
 
-from flink_memory.flink.pipeline import UIDS
-
 pytestmark = pytest.mark.slow
 
 
@@ -47,4 +45,3 @@ def test_operators_in_a_different_job(tmp_path):
     for n, customer in enumerate(["initech", "hooli", "umbrella"]):
         text = latest[f"support-{customer}"][1]
         assert all(f"{100 * n + k}" in text for k in range(5)), (customer, text)
-    assert set(UIDS) >= {"parse", "planner", "batcher", "merger"}

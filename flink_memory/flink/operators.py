@@ -298,6 +298,7 @@ class StageFunction(KeyedProcessFunction):
                 self._count("journal_hits")
             else:
                 self._count("llm_calls")
+                self._count(f"llm_calls_{result.kind or 'other'}")
                 self.m_latency.update(int(result.latency_s * 1000))
                 self.fresh_results += 1
                 _fault_hook(self.config.job.inject_failure, "call", self.fresh_results)

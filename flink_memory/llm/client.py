@@ -14,7 +14,7 @@ import os
 import re
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import openai
@@ -202,7 +202,7 @@ class LLMClient:
                 self.stats.add(journal_hits=1)
                 if cached.prompt_tokens:  # the provider's count from when it was made still calibrates
                     self.counter.observe(messages, cached.prompt_tokens)
-                return cached
+                return replace(cached, kind=request.kind)
         try:  # the counter may have learned since the request was packed: never send what may not fit
             estimate = self.budget.check(messages, request.max_tokens)
         except RequestTooLarge as exc:
@@ -254,6 +254,7 @@ class LLMClient:
             model=getattr(response, "model", None) or request.model,
             latency_s=elapsed,
             truncated=truncated,
+            kind=request.kind,
         )
         if prompt_tokens:
             self.counter.observe(messages, prompt_tokens)

@@ -82,6 +82,7 @@ class ChatResult:
     from_journal: bool = False
     latency_s: float = 0.0
     truncated: bool = False  # the provider stopped at max_tokens (finish_reason "length")
+    kind: str = ""  # the request's kind (plan, batch, part, merge, global), for accounting
 
 
 class LLMCallError(RuntimeError):
