@@ -63,6 +63,11 @@ class LLMConfig(_Section):
     # auto | server | estimate | tiktoken:NAME | hf:PATH (see tokens.py)
     tokenizer: str = Field("auto", pattern=r"^(auto|server|estimate|tiktoken:.+|hf:.+)$")
 
+    def answer_policy(self) -> dict[str, Any]:
+        """The settings that change what the model answers to the same prompt (part of every fingerprint)."""
+        return {"model": self.model, "context_window": self.context_window, "temperature": self.temperature,
+                "seed": self.seed}
+
 
 class BatchingConfig(_Section):
     max_items: int = Field(50, ge=1)

@@ -63,10 +63,7 @@ def chunking_policy(config: Config) -> dict[str, Any]:
         "on_planner_failure": config.chunking.on_planner_failure,
         "planner_window_tokens": config.chunking.planner_window_tokens,
         "planner_prompt_version": PLANNER_PROMPT_VERSION,
-        "model": config.llm.model,
-        "context_window": config.llm.context_window,
-        "temperature": config.llm.temperature,
-        "seed": config.llm.seed,
+        **config.llm.answer_policy(),
     }
 
 

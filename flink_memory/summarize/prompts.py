@@ -140,11 +140,8 @@ def summarization_policy(config: Config) -> dict[str, Any]:
         "depth": config.summarization.depth,
         "fan_in": config.summarization.fan_in,
         "summary_prompt_version": SUMMARY_PROMPT_VERSION,
-        "model": config.llm.model,
-        "context_window": config.llm.context_window,
         "max_output_tokens": config.llm.max_output_tokens,
-        "temperature": config.llm.temperature,
-        "seed": config.llm.seed,
+        **config.llm.answer_policy(),
     }
 
 
