@@ -2,7 +2,8 @@
 
 - single-pass: all of an agent's items in one request (what Apache Flink Agents' compaction did). Once
   the request would exceed the context window it is not sent and the strategy is reported as failed.
-- batched: the flink-memory job with `summarization.depth: single` (batch summaries, no tree).
+- batched: the flink-memory job with `summarization.depth: single` (batch summaries, no tree; its memory is
+  all batch summaries, though the job also makes a global from them).
 - hierarchical: the flink-memory job as shipped (batch summaries merged into a global summary per agent).
 
 Each item plants facts (a unique name and a unique amount, beside a date); retention is the share of planted

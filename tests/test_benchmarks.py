@@ -44,11 +44,13 @@ def test_strategy_benchmark_smallest_sizes(tmp_path):
     assert "exceeds the context window" in overflow["failure"]
     for size, batches in ((10, 3), (60, 15)):  # ceil(size / 4) batches per agent
         batched, tree = rows[(size, "batched")], rows[(size, "hierarchical")]
-        assert batched["calls"] == 2 * batches
+        # batched (depth single): the batch calls, then a global over all batch summaries per agent (more than
+        # one call where they do not fit one request)
+        assert batched["calls"] >= 2 * (batches + 1)
         merges = tree["merges"]
         assert merges == 2 * (batches // 8)  # full groups of fan_in=8 at level 1, one level here
         # the hierarchical tree: the batch calls, its merges, and one global call per agent
-        assert tree["calls"] == batched["calls"] + merges + 2
+        assert tree["calls"] == 2 * batches + merges + 2
         for row in (batched, tree):
             assert row["largest_request"] <= window and not row["failed"] and 0 < row["retention"] <= 1
     assert (out / "results.md").read_text().count("| 60 |") == 3

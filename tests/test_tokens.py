@@ -108,7 +108,7 @@ def test_packed_requests_fill_the_window_and_the_server_rejects_none():
         budget = client.requests.budget
         entries = [{"text": f"{name} {k}: {text}", "from": None, "to": None}
                    for k in range(3) for name, text in {**VARIED, "json": JSON_ESCAPED}.items()]
-        job = ReduceJob("batch", entries)
+        job = ReduceJob(purpose="batch", entries=entries)
         requests = job.requests(client.requests)
         assert len(requests) >= 2
         fills = []
