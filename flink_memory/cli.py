@@ -218,7 +218,16 @@ def run_job(args: argparse.Namespace) -> int:
     port = _free_port()
     env = build_job(config, args.input, args.output, follow=args.follow, restore=args.restore, rest_port=port)
     started = time.monotonic()
-    client = env.execute_async("flink-memory")
+    try:
+        client = env.execute_async("flink-memory")
+    except Exception as exc:
+        if args.restore and "Cannot map checkpoint/savepoint state" in str(exc):
+            print("flink-memory: the checkpoint holds state this job cannot claim. A checkpoint restores only in "
+                  "the execution mode that wrote it (release 0.1.0 wrote process mode): rerun with --set "
+                  f"job.execution_mode=process (or thread). Flink said: {str(exc).splitlines()[0][:300]}",
+                  file=sys.stderr)
+            return 3
+        raise
     job_id = str(client.get_job_id())
     print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
     progress = Progress(port, job_id, total=None if args.follow else count_lines(args.input)).start()

@@ -3,12 +3,14 @@ the output equals a run without failure. The replay journal makes the repeated p
 
 import json
 import shutil
+import subprocess
 import time
 from collections import Counter
 from pathlib import Path
 
 import pytest
 from jobkit import (
+    PRISTINE_ENV,
     batch_units,
     check_tree,
     cli_command,
@@ -166,7 +168,18 @@ RELEASE_ROOT = Path("/tmp/flink-memory-release-0.1.0")  # where the fixture was 
 
 def test_restore_a_checkpoint_of_release_0_1_0(tmp_path, baseline):
     """State layout 1 (one JSON value per stage) restored by this release: the planner's queue, the batcher's
-    partial batches and the merger's trees are migrated on first use and every unit ends up summarized."""
+    partial batches and the merger's trees are migrated on first use and every unit ends up summarized.
+
+    Release 0.1.0 ran in process mode, and a checkpoint restores only in the mode that wrote it: restored in
+    thread mode (now the default) the job refuses the state loudly instead of starting empty."""
+    shutil.rmtree(RELEASE_ROOT, ignore_errors=True)
+    shutil.copytree(RELEASE_FIXTURE, RELEASE_ROOT)
+    checkpoint = next((RELEASE_ROOT / "output").glob("_checkpoints/*/chk-2"))
+    with ScriptedServer(slow_script) as server:
+        refused = subprocess.run(cli_command(RELEASE_ROOT / "input", RELEASE_ROOT / "output", server, None,
+                                             *SETTINGS, args=("--follow", "--restore", str(checkpoint))),
+                                 env=PRISTINE_ENV, capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 3 and "job.execution_mode=process" in refused.stderr
     shutil.rmtree(RELEASE_ROOT, ignore_errors=True)
     shutil.copytree(RELEASE_FIXTURE, RELEASE_ROOT)
     output = RELEASE_ROOT / "output"
@@ -176,7 +189,8 @@ def test_restore_a_checkpoint_of_release_0_1_0(tmp_path, baseline):
         with ScriptedServer(slow_script) as server:
             job = spawn(cli_command(RELEASE_ROOT / "input", output, server, None, *SETTINGS,
                                     "batching.flush_after_s=5", "summarization.global_refresh_s=1", "job.recheck_s=2",
-                                    args=("--follow", "--restore", str(checkpoint))), tmp_path / "restored.log")
+                                    "job.execution_mode=process", args=("--follow", "--restore", str(checkpoint))),
+                        tmp_path / "restored.log")
             try:
                 wait_for(lambda: _covered(output, expected), timeout_s=180, every_s=1)
             finally:

@@ -29,7 +29,8 @@ from flink_memory import budgets
 from flink_memory.config import Config
 from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
 
-# Operator uids are part of the savepoint contract: never change them without a migration note.
+# Operator uids are part of the savepoint contract: never change them without a migration note. The keyed
+# stages carry a "-thread" suffix in thread mode (see stage_uid).
 UIDS = {
     "source": "flink-memory-source",
     "parse": "flink-memory-parse",
@@ -41,6 +42,14 @@ UIDS = {
     "sink_dead_letters": "flink-memory-sink-dead-letters",
 }
 OUTPUTS = ("summaries", "manifests", "dead-letters")
+STATEFUL = ("planner", "batcher", "merger")
+
+
+def stage_uid(name: str, execution_mode: str) -> str:
+    """The uid of a keyed stage. PyFlink keeps keyed state in another layout in thread mode than in process
+    mode, so a checkpoint restores only in the mode that wrote it; distinct uids make a restore in the other
+    mode fail loudly (Flink refuses unclaimed state) instead of starting with empty state."""
+    return UIDS[name] if execution_mode == "process" else f"{UIDS[name]}-thread"
 
 
 @dataclass
@@ -154,7 +163,7 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
         return (
             upstream.key_by(lambda r: r[0], key_type=Types.STRING())
             .process(function, output_type=KEYED if keyed_output else Types.STRING())
-            .name(label).uid(UIDS[name])
+            .name(label).uid(stage_uid(name, config.job.execution_mode))
         )
 
     planned = stage(parsed, "planner", "chunk-planner")
