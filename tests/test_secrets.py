@@ -1,10 +1,11 @@
 """Secrets stay secret on a cluster: the job submitted with `flink run -py` to a standalone cluster set up as
 the README documents (the API key in a file named by `llm.api_key_file`, conf/log4j-cluster.properties
-appended to Flink's log configuration). A database password planted in every Flink process's environment
-stands for the variables a deployment cannot avoid. Neither may appear in any file the run leaves: Flink's
-logs and temporary folders, the outputs, the retained checkpoints, the journal; nor in what `flink run`
-printed or the REST API serves. The provider must have seen the key, so the search cannot pass by the key
-never having been read."""
+appended to Flink's log configuration). Two variables planted in every Flink process's environment stand for
+what a deployment leaves there: a database password (Flink masks PGPASSWORD in the client's dump but not in
+the TaskManagers') and a stale OPENAI_API_KEY (masked nowhere; the file must win over it). No secret may
+appear in any file the run leaves: Flink's logs and temporary folders, the outputs, the retained
+checkpoints, the journal; nor in what `flink run` printed or the REST API serves. The provider must have
+seen the key from the file, so the search cannot pass by the key never having been read."""
 
 import secrets
 from pathlib import Path
@@ -28,7 +29,8 @@ def files_holding(root: Path, needle: str, skip: Path) -> list[Path]:
 
 def test_no_secret_reaches_logs_outputs_checkpoints_or_journal(tmp_path):
     key = f"sk-flinkmemory-LEAKCHECK-{secrets.token_hex(8)}"
-    password = f"pg-flinkmemory-LEAKCHECK-{secrets.token_hex(8)}"
+    planted = {"PGPASSWORD": f"pg-flinkmemory-LEAKCHECK-{secrets.token_hex(8)}",
+               "OPENAI_API_KEY": f"sk-flinkmemory-LEAKCHECK-stale-{secrets.token_hex(8)}"}
     key_file = tmp_path / "secrets" / "llm_api_key"
     key_file.parent.mkdir()
     key_file.write_text(key + "\n")  # as `echo KEY > file` writes it
@@ -37,7 +39,7 @@ def test_no_secret_reaches_logs_outputs_checkpoints_or_journal(tmp_path):
     output, journal = tmp_path / "output", tmp_path / "journal" / "journal.sqlite"
     expected = expected_units(records)
     cluster = StandaloneCluster(tmp_path / "cluster")
-    cluster.env["PGPASSWORD"] = password  # the JobManager, the TaskManagers, their Python workers, the client
+    cluster.env.update(planted)  # the JobManager, the TaskManagers, their Python workers, the client
     with ScriptedServer() as server, cluster:
         # --follow: an unbounded job keeps its checkpoints when cancelled, so they can be searched too
         job_id = cluster.submit(JOB, "--input", str(input_dir), "--output", str(output), "--follow",
@@ -68,9 +70,12 @@ def test_no_secret_reaches_logs_outputs_checkpoints_or_journal(tmp_path):
                        ("output", output / "summaries")):
         assert files_holding(root, text, key_file), f"the {kind} files do not hold the top merge's text"
 
-    for name, secret in (("API key", key), ("planted password", password)):
-        leaks = [str(p.relative_to(tmp_path)) for p in files_holding(tmp_path, secret, key_file)]
-        leaks += [f"`flink run` output {i}" for i, text in enumerate(cluster.client_output) if secret in text]
-        leaks += [f"REST {path}" for path, text in served.items() if secret in text]
-        assert not leaks, f"the {name} leaked into: {leaks}"
+    leaks = {}
+    for name, secret in (("API key", key), *planted.items()):
+        found = [str(p.relative_to(tmp_path)) for p in files_holding(tmp_path, secret, key_file)]
+        found += [f"`flink run` output {i}" for i, text in enumerate(cluster.client_output) if secret in text]
+        found += [f"REST {path}" for path, text in served.items() if secret in text]
+        if found:
+            leaks[name] = found
+    assert not leaks, f"secrets leaked: {leaks}"
 
