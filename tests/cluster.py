@@ -12,6 +12,7 @@ import json
 import os
 import shutil
 import signal
+import site
 import socket
 import subprocess
 import sys
@@ -86,6 +87,8 @@ class StandaloneCluster:
             "heartbeat.timeout": "5000",
             "python.executable": sys.executable,
             "python.client.executable": sys.executable,
+            # thread mode runs Python inside the TaskManager JVM: it needs the venv's packages (README)
+            "python.pythonpath": os.pathsep.join([*site.getsitepackages(), str(ROOT)]),
             "parallelism.default": self.taskmanagers,
         }
         for key, value in settings.items():
