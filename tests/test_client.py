@@ -151,6 +151,16 @@ def test_unreadable_or_empty_key_file_is_a_clear_error(scripted, tmp_path, monke
     assert scripted.count() == 0
 
 
+def test_local_run_refuses_an_unreadable_key_file_before_starting(tmp_path, capsys):
+    from flink_memory.cli import main
+
+    missing = tmp_path / "no-such-key"
+    code = main(["run", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--set", "llm.provider=openai",
+                 "--set", "llm.base_url=http://127.0.0.1:9/v1", "--set", f"llm.api_key_file={missing}"])
+    assert code == 2 and f"cannot read the API key from {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
 def test_provider_errors_are_redacted():
     from flink_memory.llm.client import _safe_message
 
