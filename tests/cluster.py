@@ -12,7 +12,6 @@ import json
 import os
 import shutil
 import signal
-import site
 import socket
 import subprocess
 import sys
@@ -87,8 +86,10 @@ class StandaloneCluster:
             "heartbeat.timeout": "5000",
             "python.executable": sys.executable,
             "python.client.executable": sys.executable,
-            # thread mode runs Python inside the TaskManager JVM: it needs the venv's packages (README)
-            "python.pythonpath": os.pathsep.join([*site.getsitepackages(), str(ROOT)]),
+            # a JVM crash report (it lists environment variables too) goes with the logs, not into the cwd;
+            # per process type, as env.java.opts.all holds Flink's own --add-opens
+            **{f"env.java.opts.{process}": f"-XX:ErrorFile={self.log_dir}/hs_err_pid%p.log"
+               for process in ("jobmanager", "taskmanager", "client")},
             "parallelism.default": self.taskmanagers,
         }
         for key, value in settings.items():
@@ -148,7 +149,9 @@ class StandaloneCluster:
         command = [str(FLINK_HOME / "bin" / "flink"), "run", "--jobmanager", f"localhost:{self.rest_port}", "-d",
                    "--python", str(script), "--pyExecutable", sys.executable, "--pyClientExecutable", sys.executable,
                    *args]
-        done = subprocess.run(command, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        # its own client log (flink-<ident>-client-<host>.log), which the next `flink run` would overwrite
+        env = dict(self.env, FLINK_IDENT_STRING=f"submit{len(self.client_output) + 1}")
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         output = done.stdout + done.stderr
         self.client_output.append(output)
         for line in output.splitlines():
