@@ -86,7 +86,7 @@ class StandaloneCluster:
             "heartbeat.timeout": "5000",
             "python.executable": sys.executable,
             "python.client.executable": sys.executable,
-            # a JVM crash report (it lists environment variables too) goes with the logs, not into the cwd;
+            # a JVM crash report (command line, some environment variables) goes with the logs, not the cwd;
             # per process type, as env.java.opts.all holds Flink's own --add-opens
             **{f"env.java.opts.{process}": f"-XX:ErrorFile={self.log_dir}/hs_err_pid%p.log"
                for process in ("jobmanager", "taskmanager", "client")},
