@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from flink_memory import budgets
 from flink_memory.config import Config, ConfigError, load_config
+from flink_memory.llm.client import resolve_api_key
 
 if TYPE_CHECKING:
     from flink_memory.llm.embedded import EmbeddedServer
@@ -211,6 +212,8 @@ def run_job(args: argparse.Namespace) -> int:
     from flink_memory.flink.pipeline import build_job
 
     config = job_config(args)
+    if config.llm.api_key_file:  # local workers read the same file: refuse now, not after every restart
+        resolve_api_key(config.llm)
     server = start_local_model(config)
     if server is not None:
         print(f"[flink-memory] embedded model {server.model_path.name} on {server.base_url}", file=sys.stderr)

@@ -46,6 +46,8 @@ class LLMConfig(_Section):
     base_url: str | None = None
     model: str = "SmolLM2-135M-Instruct"
     api_key_env: str = "OPENAI_API_KEY"
+    # A file holding the key (a mounted secret), read by the workers; set, it wins over api_key_env.
+    api_key_file: str | None = None
     context_window: int = Field(8192, ge=512)
     max_output_tokens: int = Field(384, ge=16)
     max_concurrency: int = Field(4, ge=1, le=256)

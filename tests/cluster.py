@@ -1,7 +1,9 @@
 """A real standalone Flink cluster from the apache-flink wheel's bin/ scripts, on localhost, for tests.
 
-A JobManager and N TaskManagers (one slot each) with their own conf, log and pid folders under a temp
-directory; `flink run -py` submits to it. `stop()` kills everything it started, also after a failure.
+A JobManager and N TaskManagers (one slot each) with their own conf, log, pid and tmp folders under a temp
+directory; `flink run -py` submits to it. The conf is Flink's own plus what the README tells clusters to add
+(conf/log4j-cluster.properties appended to every log4j*.properties). `stop()` kills everything it started,
+also after a failure.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from jobkit import PRISTINE_ENV
 
 FLINK_HOME = Path(pyflink.__file__).resolve().parent
 ROOT = Path(__file__).resolve().parents[1]
+LOG_CONFIG = ROOT / "conf" / "log4j-cluster.properties"
 
 
 def free_port() -> int:
@@ -46,6 +49,8 @@ class StandaloneCluster:
         self.conf_dir = workdir / "conf"
         self.log_dir = workdir / "log"
         self.pid_dir = workdir / "pid"
+        self.tmp_dir = workdir / "tmp"  # blobs and Python working folders, inside the workdir
+        self.client_output: list[str] = []  # what each `flink run` printed
         self.rest_port = free_port()
         self.taskmanager_pids: dict[str, int] = {}  # resource id -> pid, in start order
         self.env = dict(PRISTINE_ENV, FLINK_HOME=str(FLINK_HOME), FLINK_CONF_DIR=str(self.conf_dir),
@@ -55,11 +60,14 @@ class StandaloneCluster:
     # --- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> StandaloneCluster:
-        for folder in (self.conf_dir, self.log_dir, self.pid_dir):
+        for folder in (self.conf_dir, self.log_dir, self.pid_dir, self.tmp_dir):
             folder.mkdir(parents=True, exist_ok=True)
         for item in (FLINK_HOME / "conf").iterdir():
             if item.is_file():
                 shutil.copy(item, self.conf_dir / item.name)
+        for log_config in self.conf_dir.glob("log4j*.properties"):
+            with log_config.open("a") as handle:
+                handle.write("\n" + LOG_CONFIG.read_text())
         conf = yaml.safe_load((FLINK_HOME / "conf" / "config.yaml").read_text())
         settings = {
             "jobmanager.rpc.port": free_port(),
@@ -72,11 +80,16 @@ class StandaloneCluster:
             "blob.server.port": free_port(),
             "taskmanager.rpc.port": "0",
             "taskmanager.data.port": "0",
+            "io.tmp.dirs": str(self.tmp_dir),
             # a killed TaskManager is noticed within seconds, not the default 50
             "heartbeat.interval": "1000",
             "heartbeat.timeout": "5000",
             "python.executable": sys.executable,
             "python.client.executable": sys.executable,
+            # a JVM crash report (command line, some environment variables) goes with the logs, not the cwd;
+            # per process type, as env.java.opts.all holds Flink's own --add-opens
+            **{f"env.java.opts.{process}": f"-XX:ErrorFile={self.log_dir}/hs_err_pid%p.log"
+               for process in ("jobmanager", "taskmanager", "client")},
             "parallelism.default": self.taskmanagers,
         }
         for key, value in settings.items():
@@ -136,8 +149,11 @@ class StandaloneCluster:
         command = [str(FLINK_HOME / "bin" / "flink"), "run", "--jobmanager", f"localhost:{self.rest_port}", "-d",
                    "--python", str(script), "--pyExecutable", sys.executable, "--pyClientExecutable", sys.executable,
                    *args]
-        done = subprocess.run(command, env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=300)
+        # its own client log (flink-<ident>-client-<host>.log), which the next `flink run` would overwrite
+        env = dict(self.env, FLINK_IDENT_STRING=f"submit{len(self.client_output) + 1}")
+        done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         output = done.stdout + done.stderr
+        self.client_output.append(output)
         for line in output.splitlines():
             if "JobID" in line:
                 return line.rsplit(" ", 1)[-1].strip()
@@ -146,6 +162,11 @@ class StandaloneCluster:
     def rest(self, path: str) -> Any:
         with urllib.request.urlopen(f"http://localhost:{self.rest_port}{path}", timeout=5) as response:
             return json.loads(response.read())
+
+    def cancel(self, job_id: str) -> None:
+        """Cancels the job (its checkpoints are retained: RETAIN_ON_CANCELLATION)."""
+        request = urllib.request.Request(f"http://localhost:{self.rest_port}/jobs/{job_id}?mode=cancel", method="PATCH")
+        urllib.request.urlopen(request, timeout=5).close()
 
     def job_state(self, job_id: str) -> str:
         return str(self.rest(f"/jobs/{job_id}")["state"])

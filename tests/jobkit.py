@@ -192,6 +192,14 @@ def kill_group(process: subprocess.Popen) -> None:
     process.wait(timeout=60)
 
 
+def covered(output: Path, expected: Counter) -> bool:
+    """Every expected unit is in a committed batch and a committed global summary covers all of them."""
+    out = read_outputs(str(output))
+    if batch_units(out["summaries"]) != expected:
+        return False
+    return {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == dict(units_per_agent(expected))
+
+
 def latest_checkpoint(output: Path) -> Path | None:
     found = [p.parent for p in Path(output, "_checkpoints").glob("*/chk-*/_metadata")]
     return max(found, key=lambda p: int(p.name.split("-")[1])) if found else None

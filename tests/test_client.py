@@ -4,7 +4,7 @@ import time
 import pytest
 from scripted_server import Reply, ScriptedServer
 
-from flink_memory.config import load_config
+from flink_memory.config import ConfigError, load_config
 from flink_memory.llm.client import ChatRequest, ContextOverflow, LLMCallError, LLMClient
 from flink_memory.tokens import RequestTooLarge
 
@@ -121,6 +121,44 @@ def test_key_is_sent_but_never_shown(scripted, monkeypatch):
     assert "sk-secret" not in str(client.config.model_dump())
     ask(client)
     assert scripted.authorizations == ["Bearer sk-secret-123456"]
+
+
+def test_key_file_wins_over_the_variable_and_is_stripped(scripted, tmp_path, monkeypatch):
+    monkeypatch.setenv("MY_KEY", "sk-from-env")
+    secret = tmp_path / "llm_api_key"
+    secret.write_text("  sk-from-file-789\n")
+    client = make_client(scripted, "llm.api_key_env=MY_KEY", f"llm.api_key_file={secret}")
+    assert "sk-from-file" not in repr(client) and "sk-from-file" not in str(client.config.model_dump())
+    ask(client)
+    assert scripted.authorizations == ["Bearer sk-from-file-789"]
+    monkeypatch.delenv("MY_KEY")
+    ask(make_client(scripted, "llm.api_key_env=MY_KEY"))  # no file, no variable: the SDK gets a placeholder
+    assert scripted.authorizations[-1] == "Bearer not-needed"
+
+
+@pytest.mark.parametrize(("content", "needle"), [(None, "cannot read the API key from"), ("\n \n", "is empty"),
+                                                 (b"\xff\xfe", "cannot read the API key from")])
+def test_unreadable_or_empty_key_file_is_a_clear_error(scripted, tmp_path, monkeypatch, content, needle):
+    monkeypatch.setenv("MY_KEY", "sk-from-env")  # never a silent fall back to the variable
+    secret = tmp_path / "llm_api_key"
+    if isinstance(content, bytes):
+        secret.write_bytes(content)
+    elif content is not None:
+        secret.write_text(content)
+    with pytest.raises(ConfigError, match=needle) as err:
+        make_client(scripted, "llm.api_key_env=MY_KEY", f"llm.api_key_file={secret}")
+    assert "llm.api_key_file: " in str(err.value) and str(secret) in str(err.value)
+    assert scripted.count() == 0
+
+
+def test_local_run_refuses_an_unreadable_key_file_before_starting(tmp_path, capsys):
+    from flink_memory.cli import main
+
+    missing = tmp_path / "no-such-key"
+    code = main(["run", "--input", str(tmp_path), "--output", str(tmp_path / "out"), "--set", "llm.provider=openai",
+                 "--set", "llm.base_url=http://127.0.0.1:9/v1", "--set", f"llm.api_key_file={missing}"])
+    assert code == 2 and f"cannot read the API key from {missing}" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
 
 
 def test_provider_errors_are_redacted():

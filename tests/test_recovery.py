@@ -15,6 +15,7 @@ from jobkit import (
     check_tree,
     cli_command,
     conversation,
+    covered,
     items,
     kill_group,
     latest_checkpoint,
@@ -142,7 +143,7 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline,
                                    args=("--follow", "--restore", str(latest_checkpoint(output)))),
                        tmp_path / "second.log")
         try:
-            wait_for(lambda: _covered(output, expected), timeout_s=120, every_s=1)
+            wait_for(lambda: covered(output, expected), timeout_s=120, every_s=1)
         finally:
             kill_group(second)
         spans = list(server.spans)
@@ -152,14 +153,6 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline,
     check_tree(out["summaries"], units_per_agent(expected))
     assert batch_units(out["summaries"]) == expected
     assert shape(out)[2:] == shape(baseline[0])[2:]  # manifests and dead letters
-
-
-def _covered(output, expected):
-    """Every expected unit is in a committed batch and a committed global summary covers all of them."""
-    out = read_outputs(str(output))
-    if batch_units(out["summaries"]) != expected:
-        return False
-    return {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == dict(units_per_agent(expected))
 
 
 RELEASE_FIXTURE = Path(__file__).resolve().parent / "data" / "release-0.1.0"
@@ -192,7 +185,7 @@ def test_restore_a_checkpoint_of_release_0_1_0(tmp_path, baseline):
                                     "job.execution_mode=process", args=("--follow", "--restore", str(checkpoint))),
                         tmp_path / "restored.log")
             try:
-                wait_for(lambda: _covered(output, expected), timeout_s=180, every_s=1)
+                wait_for(lambda: covered(output, expected), timeout_s=180, every_s=1)
             finally:
                 kill_group(job)
         out = read_outputs(str(output))

@@ -2,8 +2,9 @@
 
 Retries with exponential backoff on 429, 5xx, timeouts and dropped connections are the openai SDK's own
 (`max_retries`, `timeout`); this layer adds the context-window check, a concurrency limit, a canonical
-request digest (the key for plans and the journal) and counters. The API key is read from the environment
-at construction and kept only inside the SDK client: never in config, state, logs or output.
+request digest (the key for plans and the journal) and counters. The API key is read at construction (from
+`llm.api_key_file`, else the variable named by `llm.api_key_env`) and kept only inside the SDK client: never
+in config, state, logs or output.
 """
 
 from __future__ import annotations
@@ -15,11 +16,12 @@ import re
 import threading
 import time
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import openai
 
-from flink_memory.config import LLMConfig
+from flink_memory.config import ConfigError, LLMConfig
 from flink_memory.llm.types import ChatRequest, ChatResult, ContextOverflow, Journal, LLMCallError
 from flink_memory.tokens import Budget, RequestTooLarge, TokenCounter
 
@@ -154,6 +156,22 @@ class UsageStats:
             }
 
 
+def resolve_api_key(config: LLMConfig) -> str | None:
+    """The key from `api_key_file` when set (no fall back: a missing secret must not go unnoticed), else from
+    the variable named by `api_key_env`. A file keeps the key out of the environments Flink logs."""
+    if config.api_key_file is None:
+        return os.environ.get(config.api_key_env)
+    path = Path(config.api_key_file).expanduser()
+    try:
+        key = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError) as exc:  # the message names the path, never the content
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise ConfigError(f"llm.api_key_file: cannot read the API key from {path}: {reason}") from None
+    if not key:
+        raise ConfigError(f"llm.api_key_file: {path} is empty")
+    return key
+
+
 class LLMClient:
     """Blocking chat completions; safe to share between threads."""
 
@@ -176,7 +194,7 @@ class LLMClient:
         self.stats = UsageStats()
         self.journal = journal
         self._slots = threading.BoundedSemaphore(config.max_concurrency)
-        key = api_key if api_key is not None else os.environ.get(config.api_key_env)
+        key = api_key if api_key is not None else resolve_api_key(config)
         http_client = openai.DefaultHttpxClient(event_hooks={"request": [self._count_http_request]})
         self._sdk = openai.OpenAI(
             api_key=key or "not-needed",
