@@ -146,8 +146,9 @@ class StageFunction(KeyedProcessFunction):
         self.metrics = group
         self.counters: dict[str, Any] = {}
         self.m_latency = group.distribution("llm_latency_ms")
-        group.gauge("llm_in_flight", lambda: self.pool.in_flight())
-        group.gauge("pending_keys", lambda: len(self.pending))
+        # levels as counters moved by the difference on every activation: a Python gauge would be called back
+        # by the metrics thread, which in thread mode can run after the interpreter closed (a JVM crash)
+        self.levels: dict[str, int] = {}
 
     def close(self) -> None:
         if getattr(self, "runtime", None) is not None:
@@ -231,6 +232,8 @@ class StageFunction(KeyedProcessFunction):
             self.pending.pop(key, None)
         else:
             self.pending[key] = ([r.digest for r in effects.waiting], effects.wake_at_ms)
+        self._level("pending_keys", len(self.pending))
+        self._level("llm_in_flight", sum(len(waiting) for waiting, _ in self.pending.values()))
         self._schedule(ctx, key, effects, now)
         outputs.extend((key, out) if self.keyed_output else out for out in effects.out)
         outputs.extend((MANIFESTS, manifest) for manifest in effects.manifests)
@@ -286,6 +289,13 @@ class StageFunction(KeyedProcessFunction):
 
     def _set_timer(self, ctx: Any, at_ms: int) -> None:
         ctx.timer_service().register_processing_time_timer(max(at_ms, 1))
+
+    def _level(self, name: str, value: int) -> None:
+        """A counter that tracks a current value (calls in flight, agents pending) in this subtask."""
+        delta = value - self.levels.get(name, 0)
+        if delta:
+            self.levels[name] = value
+            self._count(name, delta)
 
     def _count(self, name: str, n: int = 1) -> None:
         if name not in self.counters:
