@@ -30,6 +30,19 @@ __all__ = ["ChatRequest", "ChatResult", "ContextOverflow", "LLMCallError", "LLMC
 log = logging.getLogger(__name__)
 
 
+CALIBRATION_VERSION = "calibration-v1"
+# Plain English with names, numbers and dates, like memory items: what the estimate overcounts the most.
+CALIBRATION_TEXT = (
+    "On 2026-03-04 Alice Moreau moved the launch of the Atlas project to week 12 and asked Bob Chen to "
+    "confirm the budget of 48,500 EUR with the finance team before Friday. Bob replied that the vendor "
+    "contract, signed in January, allows two changes of schedule per quarter at no cost, and that the "
+    "second change would need written approval from the steering committee. The team agreed to keep the "
+    "weekly review on Tuesdays at 10:30, to publish the revised plan in the shared folder, and to send "
+    "customers a short note about the new date once legal has checked the wording. Carla noted that the "
+    "support rota for April still lists two people who have since left the company."
+)
+
+
 @dataclass(frozen=True)
 class RequestFactory:
     """Builds canonical requests from the LLM settings; plain data, so operators can pickle it."""
@@ -284,6 +297,24 @@ class LLMClient:
         if self.journal is not None:
             self.journal.put(key, request.canonical(), result)
         return result
+
+    def calibrate(self) -> None:
+        """One tiny request whose `usage.prompt_tokens` calibrates an estimated count before any work is packed.
+
+        Without it, everything packed before the first answer arrives (on an input read at once, most of the
+        first batches) would be packed at the estimate's conservative upper bound, a third of the room. The
+        request is always the same, so the journal answers it on every later start: its cost is one call of
+        a few hundred prompt tokens and one output token, once. A provider that fails it changes nothing.
+        """
+        if self.counter.exact:
+            return
+        request = self.requests.build(
+            [{"role": "system", "content": "Reply with OK."}, {"role": "user", "content": CALIBRATION_TEXT}],
+            prompt_version=CALIBRATION_VERSION, max_tokens=1, kind="calibrate")
+        try:
+            self.complete(request)
+        except LLMCallError as exc:
+            log.warning("token calibration request failed (%s); counting conservatively until answers arrive", exc)
 
     def close(self) -> None:
         self._sdk.close()
