@@ -11,12 +11,13 @@ Precedence (last wins): model defaults < YAML file < `FLINK_MEMORY__SECTION__KEY
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENV_PREFIX = "FLINK_MEMORY__"
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
@@ -91,6 +92,27 @@ class ChunkingConfig(_Section):
     planner_window_tokens: int | None = Field(None, ge=256)
 
 
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+_SECONDS = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class MemoryConfig(_Section):
+    # How long (processing time) a unit stays editable: updates and deletions of its record are applied, its
+    # text stays in state. After that it is sealed: changes are refused (dead letter `sealed`). Seconds, or a
+    # number with s, m, h or d.
+    editable_for: float = Field(30 * 86400, gt=0)
+
+    @field_validator("editable_for", mode="before")
+    @classmethod
+    def _duration(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            match = _DURATION.match(value)
+            if not match:
+                raise ValueError("expected seconds or a number with s, m, h or d (e.g. 30d)")
+            return float(match.group(1)) * _SECONDS[match.group(2)]
+        return value
+
+
 class JournalConfig(_Section):
     path: str | None = ".flink-memory/journal.sqlite"
     max_entries: int = Field(1_000_000, ge=1)
@@ -137,6 +159,7 @@ class Config(BaseModel):
     summarization: SummarizationConfig = Field(default_factory=SummarizationConfig)
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     journal: JournalConfig = Field(default_factory=JournalConfig)
+    memory: MemoryConfig = Field(default_factory=MemoryConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     job: JobConfig = Field(default_factory=JobConfig)
 

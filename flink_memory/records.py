@@ -119,9 +119,47 @@ class TrustedConversation(_InputBase):
     chunks: Annotated[list[Annotated[list[Message], Field(min_length=1)]], Field(min_length=1)]
 
 
-InputRecord = MemoryItem | Conversation | TrustedConversation
+class Deletion(_Strict):
+    """`{"agent_id": A, "id": R, "deleted": true}`: retract record R of agent A."""
+
+    kind: Literal["deletion"] = "deletion"
+    agent_id: Identifier
+    id: Identifier
+    deleted: Literal[True]
+    ts: datetime | None = None
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        return _InputBase._rfc3339(value)
+
+    @field_serializer("ts")
+    def _ts_out(self, value: datetime | None) -> str | None:
+        return format_ts(value)
+
+
+class Forget(_Strict):
+    """`{"agent_id": A, "forget": true}`: drop everything of agent A."""
+
+    kind: Literal["forget"] = "forget"
+    agent_id: Identifier
+    forget: Literal[True]
+    ts: datetime | None = None
+
+    @field_validator("ts", mode="before")
+    @classmethod
+    def _rfc3339(cls, value: Any) -> Any:
+        return _InputBase._rfc3339(value)
+
+    @field_serializer("ts")
+    def _ts_out(self, value: datetime | None) -> str | None:
+        return format_ts(value)
+
+
+Content = MemoryItem | Conversation | TrustedConversation
+InputRecord = Content | Deletion | Forget
 RECORD_KINDS: dict[str, type[BaseModel]] = {"item": MemoryItem, "conversation": Conversation,
-                                            "trusted": TrustedConversation}
+                                            "trusted": TrustedConversation, "deletion": Deletion, "forget": Forget}
 
 
 def record_from_json(data: dict[str, Any]) -> InputRecord:
@@ -135,8 +173,9 @@ class DeadLetter(_Strict):
     raw: str
     raw_base64: str | None = None
     reason: str
-    # internal: an error of ours that repeated for this record (or this agent's pending work) after a restart
-    stage: Literal["parse", "plan", "duplicate", "internal"] = "parse"
+    # change: an update or deletion that cannot be applied (unknown id, or sealed: older than
+    # memory.editable_for); internal: an error of ours that repeated for this record after a restart
+    stage: Literal["parse", "plan", "duplicate", "change", "internal"] = "parse"
     position: str | None = None
     agent_id: str | None = None
     record_id: str | None = None
@@ -176,6 +215,9 @@ class ChunkManifest(_Strict):
     chunks: list[ManifestChunk]
     reason: str | None = None
     planner_calls: int = 0
+    # an update: the input digest of the version this plan replaces, and why it was planned again in full
+    replaces_input_digest: str | None = None
+    replace_reason: str | None = None
     manifest_digest: str = ""
 
 
@@ -195,6 +237,8 @@ class SummaryNode(_Strict):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     version: int | None = None
+    # node ids this node supersedes (a recomputed or retracted node); a node is live while no node replaces it
+    replaces: list[str] = Field(default_factory=list)
     # a call behind this text stopped at llm.max_output_tokens (finish_reason "length"): accepted, flagged
     truncated: bool = False
 
@@ -250,6 +294,18 @@ def parse_line(line: str | bytes, position: str | None = None) -> InputRecord | 
         if not isinstance(obj, dict):
             return _dead(raw, f"a record must be a JSON object, got {type(obj).__name__}", position)
         shapes = [key for key in ("text", "messages", "chunks") if key in obj]
+        changes = [key for key in ("deleted", "forget") if key in obj]
+        if changes:
+            if shapes or len(changes) > 1:
+                return _dead(raw, f"{changes[0]}: a deletion or forget record carries no content and nothing "
+                                  f"else (found: {', '.join(changes[1:] + shapes)})", position, obj)
+            if "kind" in obj:
+                return _dead(raw, "kind: is derived from the record's shape and must not be sent", position, obj)
+            change: type[BaseModel] = Deletion if changes[0] == "deleted" else Forget
+            try:
+                return change.model_validate(obj)  # type: ignore[return-value]
+            except ValidationError as exc:
+                return _dead(raw, _describe(exc), position, obj)
         if len(shapes) != 1:
             found = ", ".join(shapes) if shapes else "none"
             return _dead(raw, f"exactly one of text, messages, chunks is required (found: {found})", position, obj)

@@ -55,6 +55,14 @@ def load_model(model: type[M], raw: str) -> M:
         raise StateVersionError(f"operator state of {model.__name__} does not parse: {exc}") from None
 
 
+def _load_entry(model: type[M], raw: str) -> M:
+    """A map entry; one written by release 0.1.0 (no version field) goes through the model's `from_legacy`."""
+    legacy = getattr(model, "from_legacy", None)
+    if legacy is not None and not raw.startswith('{"v":'):
+        return legacy(raw)
+    return load_model(model, raw)
+
+
 def dump_model(value: BaseModel) -> str:
     return value.model_dump_json()
 
@@ -151,7 +159,7 @@ class StateTransaction:
         if slot not in self._entries:
             raw = self.backend.read_entry(name, key)
             model = self.schema.maps[name]
-            self._entries[slot] = None if raw is None else raw if model is None else load_model(model, raw)
+            self._entries[slot] = None if raw is None else raw if model is None else _load_entry(model, raw)
         return self._entries[slot]
 
     def put(self, name: str, key: str, value: Any) -> None:

@@ -39,6 +39,19 @@ def summary_answer(request: ChatRequest) -> ChatResult:
                       prompt_tokens=estimate_messages(request.message_dicts()), completion_tokens=8, model="fake")
 
 
+def keeping_answer(request: ChatRequest) -> ChatResult:
+    """A summarizer that keeps every line it is given (so a test can see which facts a node holds)."""
+    lines = [line for line in request.messages[-1][1].splitlines()[1:] if not line.startswith("@")]
+    return ChatResult(text=" | ".join(lines), prompt_tokens=estimate_messages(request.message_dicts()),
+                      completion_tokens=8, model="fake")
+
+
+def live(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The live view of a changelog: nodes no later node replaces."""
+    replaced = {(n["agent_id"], old) for n in summaries for old in n.get("replaces", [])}
+    return [n for n in summaries if (n["agent_id"], n["node_id"]) not in replaced]
+
+
 @dataclass
 class Stage:
     name: str
@@ -68,7 +81,8 @@ class Pipeline:
         self.stages = [Stage("planner", PlannerCore(config, self.factory)),
                        Stage("batcher", BatcherCore(config, self.factory, bounded=bounded)),
                        Stage("merger", MergerCore(config, self.factory, bounded=bounded))]
-        self.deadlines: dict[tuple[int, str], int] = {}
+        self.deadlines: dict[tuple[int, str], int] = {}  # work: backoffs, timeouts, refreshes
+        self.sweeps: dict[tuple[int, str], int] = {}  # housekeeping: sealing old state
         self.waiting: set[tuple[int, str]] = set()
 
     # --- feeding -------------------------------------------------------------------------------------
@@ -95,11 +109,11 @@ class Pipeline:
     def advance(self, seconds: float) -> Pipeline:
         """Let time pass: keys whose deadline comes due are woken."""
         self.now += int(seconds * 1000)
-        for (index, key), at in sorted(self.deadlines.items()):
-            if at <= self.now:
-                del self.deadlines[(index, key)]
-                self._activate(index, key, lambda st, s=self.stages[index]: s.core.on_wake(st, self.finished,
-                                                                                          self.now))
+        due = {slot for times in (self.deadlines, self.sweeps) for slot, at in times.items() if at <= self.now}
+        for index, key in sorted(due):
+            self.deadlines.pop((index, key), None)
+            self.sweeps.pop((index, key), None)
+            self._activate(index, key, lambda st, s=self.stages[index]: s.core.on_wake(st, self.finished, self.now))
         return self.settle()
 
     def end(self) -> Pipeline:
@@ -131,10 +145,11 @@ class Pipeline:
             self.finished.pop(digest, None)
         if effects.waiting:
             self.waiting.add((index, key))
-        if effects.wake_at_ms is not None:
-            self.deadlines[(index, key)] = effects.wake_at_ms
-        else:
-            self.deadlines.pop((index, key), None)
+        for times, at in ((self.deadlines, effects.wake_at_ms), (self.sweeps, effects.sweep_at_ms)):
+            if at is not None:
+                times[(index, key)] = at
+            else:
+                times.pop((index, key), None)
         self.manifests.extend(json.loads(m) for m in effects.manifests)
         self.dead_letters.extend(effects.dead_letters)
         for payload in effects.out:

@@ -114,8 +114,9 @@ def test_a_tampered_stored_plan_fails_closed():
     plans = state.maps[("a", "plans")]
     digest = next(iter(plans))
     stored = json.loads(plans[digest])
-    stored["boundaries"][0] += 1
-    plans[digest] = json.dumps(stored)
+    manifest = json.loads(stored["manifest"])
+    manifest["boundaries"][0] += 1
+    plans[digest] = json.dumps({**stored, "manifest": json.dumps(manifest)})
     pipeline.feed(dict(conversation("a", "x"), id="conv-again")).end()
     assert [d.stage for d in pipeline.dead_letters] == ["plan"]
     assert "failed verification" in pipeline.dead_letters[0].reason
@@ -203,7 +204,8 @@ def test_adding_a_unit_writes_one_entry_not_the_whole_buffer():
 
     backend.write_entry = counting
     pipeline.feed(*[item("a", i) for i in range(200)]).settle()
-    assert len(written) == 200 and max(written) < 400  # one unit per input, however many are buffered
+    # per input: the unit and where it is (for retractions), however many are buffered
+    assert len(written) == 2 * 200 and max(written) < 400
 
 
 # --- merger ----------------------------------------------------------------------------------------------

@@ -39,9 +39,19 @@ def chunk_digest(chunk: dict[str, Any]) -> str:
     return digest_parts(["text", chunk["text"]])
 
 
+UPDATE_FIELDS = {"replaces_input_digest", "replace_reason"}
+
+
 def seal(manifest: ChunkManifest) -> ChunkManifest:
-    body = manifest.model_dump(mode="json", exclude={"manifest_digest"})
+    """Set the digest over every field (the update fields only when set, so plans stored before them verify)."""
+    unset = {name for name in UPDATE_FIELDS if getattr(manifest, name) is None}
+    body = manifest.model_dump(mode="json", exclude={"manifest_digest"} | unset)
     return manifest.model_copy(update={"manifest_digest": digest(body)})
+
+
+def as_update(manifest: ChunkManifest, replaces_input_digest: str, why: str) -> ChunkManifest:
+    """The manifest of a record sent again with other content: which input it replaces, and why."""
+    return seal(manifest.model_copy(update={"replaces_input_digest": replaces_input_digest, "replace_reason": why}))
 
 
 def build_manifest(
@@ -116,4 +126,5 @@ def verify_chunks(manifest: ChunkManifest, chunks: Sequence[dict[str, Any]]) -> 
 
 
 def manifest_json(manifest: ChunkManifest) -> str:
-    return canonical_json(manifest.model_dump(mode="json"))
+    unset = {name for name in UPDATE_FIELDS if getattr(manifest, name) is None}
+    return canonical_json(manifest.model_dump(mode="json", exclude=unset))

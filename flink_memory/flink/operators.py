@@ -276,6 +276,8 @@ class StageFunction(KeyedProcessFunction):
             for ts in END_TIMERS:
                 timers.register_event_time_timer(ts)
             self.state.values["end_armed"].update("1")
+        if effects.sweep_at_ms is not None:  # housekeeping (sealing old state): its own, rare timer
+            self._set_timer(ctx, effects.sweep_at_ms)
         if effects.idle:
             return
         at = effects.wake_at_ms

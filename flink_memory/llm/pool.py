@@ -10,14 +10,19 @@ journal keeps it across restarts too). A worker thread starts the next queued ca
 from __future__ import annotations
 
 import itertools
+import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
 from flink_memory.llm.types import ChatRequest, ChatResult
+
+# Which queued call a free worker takes first: calls that finish an agent's chain (its global, a merge, a
+# plan that holds back its records) before calls that start new work, so the last chains do not end alone.
+PRIORITY = {"calibrate": 0, "global": 1, "plan": 2, "merge": 2, "part": 3, "batch": 3}
 
 
 @dataclass
@@ -31,7 +36,12 @@ class CallPool:
     def __init__(self, complete: Any, workers: int, *, min_poll_ms: int = 5, max_poll_ms: int = 1000) -> None:
         self._complete = complete
         self.workers = workers
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="flink-memory-llm")
+        self._queue: queue.PriorityQueue[tuple[int, int, Any]] = queue.PriorityQueue()
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"flink-memory-llm-{i}", daemon=True)
+                         for i in range(workers)]
+        for thread in self._threads:
+            thread.start()
         self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
         self._seq = itertools.count()
@@ -43,23 +53,32 @@ class CallPool:
     def submit(self, request: ChatRequest) -> None:
         key = request.digest
         with self._lock:
-            if key in self._calls:
+            if key in self._calls or self._closed:
                 return
             call = _Call(Future(), next(self._seq))
-            call.future = self._executor.submit(self._run, call, request)  # under the lock: never seen half-made
             self._calls[key] = call
+        self._queue.put((PRIORITY.get(request.kind, 3), call.seq, (call, request)))
 
-    def _run(self, call: _Call, request: ChatRequest) -> ChatResult:
-        started = time.monotonic()
-        with self._lock:
-            call.started_at = started
-            self._started = max(self._started, call.seq)
-        try:
-            return self._complete(request)
-        finally:
-            elapsed = time.monotonic() - started
+    def _work(self) -> None:
+        while True:
+            _, _, item = self._queue.get()
+            if item is None:
+                return
+            call, request = item
+            if not call.future.set_running_or_notify_cancel():
+                continue
+            started = time.monotonic()
             with self._lock:
-                self._latency_s = elapsed if self._latency_s is None else 0.8 * self._latency_s + 0.2 * elapsed
+                call.started_at = started
+                self._started = max(self._started, call.seq)
+            try:
+                call.future.set_result(self._complete(request))
+            except BaseException as exc:  # noqa: BLE001 - the caller reads it from the future
+                call.future.set_exception(exc)
+            finally:
+                elapsed = time.monotonic() - started
+                with self._lock:
+                    self._latency_s = elapsed if self._latency_s is None else 0.8 * self._latency_s + 0.2 * elapsed
 
     def in_flight(self) -> int:
         with self._lock:
@@ -128,9 +147,13 @@ class CallPool:
     def close(self, grace_s: float = 0.0) -> None:
         """Cancel queued calls; give running ones `grace_s` to finish, so their results reach the journal
         (an operator closing on failure or cancel then does not pay for them again after the restart)."""
-        self._executor.shutdown(wait=False, cancel_futures=True)
         with self._lock:
+            self._closed = True
+            for call in self._calls.values():
+                call.future.cancel()  # queued ones only: a running future cannot be cancelled
             running = [c.future for c in self._calls.values() if not c.future.done()]
+        for _ in self._threads:
+            self._queue.put((-1, -1, None))
         if running and grace_s > 0:
             wait(running, timeout=grace_s)
 

@@ -2,19 +2,29 @@
 
 Batches close by count or tokens. On an unbounded input a partial batch also closes `batching.flush_after_s`
 after its first unit; on a bounded one it closes when the input ends, never because the job is slow.
+
+Changes: a retracted unit leaves the buffer, or the pending batch it is in (its summary job is rebuilt), or,
+when its batch was already emitted, that batch is summarized again from its remaining units and the new
+node replaces the old one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an empty node
+does). Emitted batches keep their units for `memory.editable_for` after their newest unit, then only the
+summary stays.
 """
 
 from __future__ import annotations
+
+from pydantic import Field
 
 from flink_memory.config import Config
 from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive
+from flink_memory.stages.messages import ForgetAgent, Retract, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
+HOMES, DONE = "batcher_homes", "batcher_done"
 LEGACY_BUFFER, LEGACY_PENDING = "buffer", "pending"
 
 
@@ -22,28 +32,53 @@ class BatcherMeta(StateModel):
     next_batch: int = 1  # sequence number of the next batch (node id batch-NNNNNN)
     next_emit: int = 1  # batches leave in order: the next one to emit
     ended: bool = False  # the input ended: close what is open, do not wait for timeouts
+    revising: list[int] = Field(default_factory=list)  # emitted batches being summarized again
+    next_sweep_ms: int | None = None
 
 
 class PendingBatch(StateModel):
     seq: int
-    units: list[str]
+    units: list[MemoryUnit]
     first_ts: str | None = None
     last_ts: str | None = None
     job: ReduceJob
     text: str | None = None  # set once summarized; the node leaves when the batches before it have
 
 
-def _key(seq: int) -> str:
-    return f"{seq:012d}"
+class DoneBatch(StateModel):
+    """An emitted batch while its units are editable: what a revision summarizes again."""
+
+    seq: int
+    units: list[MemoryUnit]
+    live: str  # the node id that currently stands for this batch
+    revision: int = 0
+    newest_ms: int  # when its newest unit arrived: it is sealed memory.editable_for after
+    job: ReduceJob | None = None  # a revision being made
+
+
+class UnitHome(StateModel):
+    """Where a unit is: buffered (batch None, at seq) or in batch `batch` (pending or emitted)."""
+
+    batch: int | None = None
+    seq: int = 0
+    arrived_ms: int = 0
 
 
 class StoredUnit(StateModel):
     unit: MemoryUnit
 
 
+def _key(seq: int) -> str:
+    return f"{seq:012d}"
+
+
+def batch_id(seq: int, revision: int = 0) -> str:
+    return f"batch-{seq:06d}" + (f"-r{revision}" if revision else "")
+
+
 class BatcherCore:
     schema = StateSchema(values={BUFFER: BatchBuffer, META: BatcherMeta},
-                         maps={UNITS: StoredUnit, BATCHES: PendingBatch},
+                         maps={UNITS: StoredUnit, BATCHES: PendingBatch, HOMES: UnitHome, DONE: DoneBatch},
                          legacy_values=(LEGACY_BUFFER, LEGACY_PENDING))
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -52,20 +87,31 @@ class BatcherCore:
         self.limits = BatchLimits.from_config(config, factory.budget)
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
+        self.editable_ms = int(config.memory.editable_for * 1000)
 
     # --- activations ---------------------------------------------------------------------------------
 
     def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
-        unit = MemoryUnit.model_validate_json(payload)
+        control, data = control_of(payload)
         buffer, meta = self._load(state)
-        meta.ended = False
-        state.put(UNITS, _key(buffer.next_seq), StoredUnit(unit=unit))
         effects = Effects()
+        if isinstance(control, ForgetAgent):
+            self._forget(state, buffer, meta, effects)
+            return self._finish(state, buffer, meta, effects, now_ms)
+        if isinstance(control, Retract):
+            self._retract(state, buffer, meta, control.units, finished, now_ms, effects)
+            return self._finish(state, buffer, meta, effects, now_ms)
+        unit = MemoryUnit.model_validate(data)
+        meta.ended = False
+        seq = buffer.next_seq
+        state.put(UNITS, _key(seq), StoredUnit(unit=unit))
+        state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
         opened = [self._open_batch(state, meta, taken) for taken in
                   buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget)]
         for batch in opened:
-            self._drive(state, batch, finished, now_ms, effects)
+            if batch is not None:
+                self._drive(state, batch, finished, now_ms, effects)
         return self._finish(state, buffer, meta, effects, now_ms)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
@@ -77,7 +123,9 @@ class BatcherCore:
         for _, batch in state.items(BATCHES):
             if batch.text is None:
                 self._drive(state, batch, finished, now_ms, effects)
-        self._emit(state, meta, effects)
+        for seq in list(meta.revising):
+            self._revise(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
+        self._sweep(state, meta, now_ms)
         return self._finish(state, buffer, meta, effects, now_ms)
 
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
@@ -89,22 +137,22 @@ class BatcherCore:
     def evict(self, state: StateTransaction, reason: str) -> Effects:
         """Buffered units and unsummarized batches of this agent become dead letters; the rest goes on."""
         effects = Effects()
+        buffer, meta = self._load(state)
         for key, stored in state.items(UNITS):
             effects.dead_letters.append(_dead_unit(stored.unit, reason))
             state.put(UNITS, key, None)
+            state.put(HOMES, stored.unit.unit_id, None)
         for key, batch in state.items(BATCHES):
             if batch.text is None:
-                effects.dead_letters.append(DeadLetter(raw=batch.model_dump_json(), reason=reason, stage="internal",
-                                                       record_id=",".join(batch.units)))
+                for unit in batch.units:
+                    effects.dead_letters.append(_dead_unit(unit, reason))
+                    state.put(HOMES, unit.unit_id, None)
                 state.put(BATCHES, key, None)
-        buffer, meta = self._load(state)
         buffer.take()
-        state.set(BUFFER, buffer)
-        self._emit(state, meta, effects, skip_missing=True)
-        state.set(META, meta)
-        return effects
+        self._emit(state, meta, effects)
+        return self._finish(state, buffer, meta, effects, 0)
 
-    # --- helpers -------------------------------------------------------------------------------------
+    # --- batches -------------------------------------------------------------------------------------
 
     def _load(self, state: StateTransaction) -> tuple[BatchBuffer, BatcherMeta]:
         buffer = state.get(BUFFER, BatchBuffer) or BatchBuffer()
@@ -120,19 +168,30 @@ class BatcherCore:
             return None
         return buffer.opened_at_ms + self.flush_ms
 
-    def _open_batch(self, state: StateTransaction, meta: BatcherMeta, taken: range) -> PendingBatch:
+    def _open_batch(self, state: StateTransaction, meta: BatcherMeta, taken: range) -> PendingBatch | None:
         units = []
         for seq in taken:
-            units.append(state.entry(UNITS, _key(seq)).unit)
-            state.put(UNITS, _key(seq), None)
-        stamps = sorted(u.ts for u in units if u.ts)
-        batch = PendingBatch(seq=meta.next_batch, units=[u.unit_id for u in units],
-                             first_ts=stamps[0] if stamps else None, last_ts=stamps[-1] if stamps else None,
-                             job=ReduceJob(purpose="batch", entries=[unit_entry(u) for u in units],
-                                           target_tokens=self.limits.target_tokens))
+            stored = state.entry(UNITS, _key(seq))
+            if stored is not None:  # (a unit retracted while buffered left a gap)
+                units.append(stored.unit)
+                state.put(UNITS, _key(seq), None)
+        if not units:
+            return None
+        batch = self._pending(meta.next_batch, units)
+        for unit in units:
+            home = state.entry(HOMES, unit.unit_id)
+            state.put(HOMES, unit.unit_id, UnitHome(batch=batch.seq, arrived_ms=home.arrived_ms if home else 0))
         meta.next_batch += 1
         state.put(BATCHES, _key(batch.seq), batch)
         return batch
+
+    def _pending(self, seq: int, units: list[MemoryUnit]) -> PendingBatch:
+        stamps = sorted(u.ts for u in units if u.ts)
+        return PendingBatch(seq=seq, units=units, first_ts=stamps[0] if stamps else None,
+                            last_ts=stamps[-1] if stamps else None, job=self._job(units))
+
+    def _job(self, units: list[MemoryUnit]) -> ReduceJob:
+        return ReduceJob(purpose="batch", entries=[unit_entry(u) for u in units], target_tokens=self.limits.target_tokens)
 
     def _drive(self, state: StateTransaction, batch: PendingBatch, finished: Finished, now_ms: int,
                effects: Effects) -> None:
@@ -142,33 +201,134 @@ class BatcherCore:
             batch.text = progress.value
         state.put(BATCHES, _key(batch.seq), batch)
 
-    def _emit(self, state: StateTransaction, meta: BatcherMeta, effects: Effects, skip_missing: bool = False) -> None:
+    def _emit(self, state: StateTransaction, meta: BatcherMeta, effects: Effects, now_ms: int = 0) -> None:
         """Finished batches leave in batch order, so the tree downstream sees a stable chronology."""
         while meta.next_emit < meta.next_batch:
             batch = state.entry(BATCHES, _key(meta.next_emit))
-            if batch is None and skip_missing:
+            if batch is None:  # every unit of it was retracted before it was summarized
                 meta.next_emit += 1
                 continue
-            if batch is None or batch.text is None:
+            if batch.text is None:
                 break
-            job = batch.job
-            node = SummaryNode(
-                agent_id=state.key, node_id=f"batch-{batch.seq:06d}", kind="batch", level=1, children=batch.units,
-                text=batch.text, item_count=len(batch.units), first_ts=batch.first_ts, last_ts=batch.last_ts,
-                model=",".join(job.models) or self.config.llm.model, prompt_tokens=job.prompt_tokens,
-                completion_tokens=job.completion_tokens, truncated=job.truncated,
-            )
-            effects.out.append(node.model_dump_json())
+            effects.out.append(self._node(state.key, batch.seq, 0, batch.units, batch.text, batch.job).model_dump_json())
             effects.counts["batches"] += 1
             state.put(BATCHES, _key(batch.seq), None)
+            newest = max((state.entry(HOMES, u.unit_id) or UnitHome()).arrived_ms for u in batch.units)
+            state.put(DONE, _key(batch.seq), DoneBatch(seq=batch.seq, units=batch.units, live=batch_id(batch.seq),
+                                                       newest_ms=newest or now_ms))
+            if meta.next_sweep_ms is None:
+                meta.next_sweep_ms = now_ms + self._sweep_step()
             meta.next_emit += 1
+
+    def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
+              replaces: list[str] | None = None) -> SummaryNode:
+        stamps = sorted(u.ts for u in units if u.ts)
+        return SummaryNode(
+            agent_id=agent_id, node_id=batch_id(seq, revision), kind="batch", level=1,
+            children=[u.unit_id for u in units], text=text, item_count=len(units),
+            first_ts=stamps[0] if stamps else None, last_ts=stamps[-1] if stamps else None,
+            model=",".join(job.models) if job and job.models else self.config.llm.model,
+            prompt_tokens=job.prompt_tokens if job else 0, completion_tokens=job.completion_tokens if job else 0,
+            truncated=job.truncated if job else False, replaces=replaces or [],
+        )
+
+    # --- changes -------------------------------------------------------------------------------------
+
+    def _retract(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, unit_ids: list[str],
+                 finished: Finished, now_ms: int, effects: Effects) -> None:
+        """Take units out wherever they are; batches already emitted are summarized again without them."""
+        touched_pending: set[int] = set()
+        touched_done: set[int] = set()
+        for unit_id in unit_ids:
+            home = state.entry(HOMES, unit_id)
+            if home is None:
+                effects.counts["retractions_unknown"] += 1
+                continue
+            state.put(HOMES, unit_id, None)
+            effects.counts["units_retracted"] += 1
+            if home.batch is None:
+                state.put(UNITS, _key(home.seq), None)
+                continue
+            pending = state.entry(BATCHES, _key(home.batch))
+            if pending is not None:
+                pending.units = [u for u in pending.units if u.unit_id != unit_id]
+                state.put(BATCHES, _key(home.batch), pending)
+                touched_pending.add(home.batch)
+                continue
+            done = state.entry(DONE, _key(home.batch))
+            if done is not None:
+                done.units = [u for u in done.units if u.unit_id != unit_id]
+                state.put(DONE, _key(home.batch), done)
+                touched_done.add(home.batch)
+        for seq in sorted(touched_pending):
+            pending = state.entry(BATCHES, _key(seq))
+            if not pending.units:
+                state.put(BATCHES, _key(seq), None)
+                continue
+            rebuilt = self._pending(seq, pending.units)  # the call in flight for the old content is ignored
+            state.put(BATCHES, _key(seq), rebuilt)
+            self._drive(state, rebuilt, finished, now_ms, effects)
+        for seq in sorted(touched_done):
+            done = state.entry(DONE, _key(seq))
+            done.job = self._job(done.units) if done.units else None
+            if seq not in meta.revising:
+                meta.revising.append(seq)
+            self._revise(state, meta, done, finished, now_ms, effects)
+        self._emit(state, meta, effects, now_ms)
+
+    def _revise(self, state: StateTransaction, meta: BatcherMeta, done: DoneBatch, finished: Finished, now_ms: int,
+                effects: Effects) -> None:
+        """Summarize an emitted batch again from its remaining units; the new node replaces the live one."""
+        text = ""
+        if done.job is not None:
+            progress = drive(done.job, self.factory, finished, now_ms, self.retry)
+            effects.track(progress, done.job)
+            if progress.state != "done":
+                state.put(DONE, _key(done.seq), done)
+                return
+            text = progress.value
+        revision = done.revision + 1
+        node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=[done.live])
+        effects.out.append(node.model_dump_json())
+        effects.counts["batches_revised"] += 1
+        meta.revising.remove(done.seq)
+        if done.units:
+            state.put(DONE, _key(done.seq), done.model_copy(update={"live": node.node_id, "revision": revision,
+                                                                     "job": None}))
+        else:
+            state.put(DONE, _key(done.seq), None)
+
+    def _forget(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects) -> None:
+        """Everything of the agent goes; batch numbers go on, so no node id is ever used twice."""
+        for name in (UNITS, BATCHES, HOMES, DONE):
+            state.clear_map(name)
+        buffer.take()
+        meta.next_emit, meta.revising, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
+        effects.out.append(ForgetAgent().model_dump_json())
+
+    # --- bounded state -------------------------------------------------------------------------------
+
+    def _sweep_step(self) -> int:
+        return max(1000, self.editable_ms // 10)
+
+    def _sweep(self, state: StateTransaction, meta: BatcherMeta, now_ms: int) -> None:
+        """Emitted batches whose newest unit is older than memory.editable_for keep only their summary."""
+        if meta.next_sweep_ms is None or now_ms < meta.next_sweep_ms:
+            return
+        for key, done in state.items(DONE):
+            if now_ms - done.newest_ms >= self.editable_ms and done.job is None:
+                for unit in done.units:
+                    state.put(HOMES, unit.unit_id, None)
+                state.put(DONE, key, None)
+        meta.next_sweep_ms = now_ms + self._sweep_step() if state.keys(DONE) else None
 
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
                 now_ms: int) -> Effects:
-        self._emit(state, meta, effects)
+        self._emit(state, meta, effects, now_ms)
         due = self._flush_due(buffer, meta)
         if buffer.count and due is not None:
             effects.wake(max(due, now_ms))
+        effects.sweep(meta.next_sweep_ms)
         state.set(BUFFER, buffer if buffer.count or buffer.first else None)
         state.set(META, meta)
         return effects
@@ -180,6 +340,7 @@ class BatcherCore:
             data = decode_state(old_buffer, None) or {}
             for unit in data.get("units", []):
                 state.put(UNITS, _key(buffer.next_seq), StoredUnit(unit=MemoryUnit.model_validate(unit)))
+                state.put(HOMES, unit["unit_id"], UnitHome(seq=buffer.next_seq))
                 buffer.count += 1
                 buffer.last = unit_entry(unit)
             buffer.tokens = int(data.get("tokens", 0))
@@ -192,10 +353,12 @@ class BatcherCore:
             meta.next_batch = int(data.get("next_seq", 1))
             seqs = [int(b["seq"]) for b in data.get("batches", [])]
             meta.next_emit = min(seqs) if seqs else meta.next_batch
-            for old in data.get("batches", []):
+            for old in data.get("batches", []):  # units of release 0.1.0 batches: ids only (texts are in the job)
+                units = [MemoryUnit(agent_id=state.key, unit_id=u, source_id=u.split("#")[0], text=e["text"],
+                                    ts=e.get("from")) for u, e in zip(old["units"], old["job"]["entries"])]
                 stamps = old.get("ts") or []
                 state.put(BATCHES, _key(int(old["seq"])), PendingBatch(
-                    seq=int(old["seq"]), units=old["units"], first_ts=stamps[0] if stamps else None,
+                    seq=int(old["seq"]), units=units, first_ts=stamps[0] if stamps else None,
                     last_ts=stamps[-1] if stamps else None, job=ReduceJob.model_validate(old["job"]),
                     text=old.get("text")))
             state.clear_legacy(LEGACY_PENDING)
@@ -205,4 +368,3 @@ class BatcherCore:
 def _dead_unit(unit: MemoryUnit, reason: str) -> DeadLetter:
     return DeadLetter(raw=unit.model_dump_json(), reason=reason, stage="internal", agent_id=unit.agent_id,
                       record_id=unit.source_id)
-

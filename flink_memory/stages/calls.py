@@ -104,7 +104,8 @@ class Effects:
     manifests: list[str] = field(default_factory=list)
     start: list[ChatRequest] = field(default_factory=list)
     waiting: list[ChatRequest] = field(default_factory=list)  # calls in flight this key waits for
-    wake_at_ms: int | None = None  # a time-based wake-up (backoff, batch timeout, global refresh)
+    wake_at_ms: int | None = None  # a time-based wake-up for work (backoff, batch timeout, global refresh)
+    sweep_at_ms: int | None = None  # housekeeping (sealing old state): not work, a key can be idle with it
     results: list[ChatResult] = field(default_factory=list)
     consumed: list[str] = field(default_factory=list)
     failures: list[LLMCallError] = field(default_factory=list)
@@ -119,6 +120,15 @@ class Effects:
     def wake(self, at_ms: int | None) -> None:
         if at_ms is not None:
             self.wake_at_ms = at_ms if self.wake_at_ms is None else min(self.wake_at_ms, at_ms)
+
+    def sweep(self, at_ms: int | None) -> None:
+        if at_ms is not None:
+            self.sweep_at_ms = at_ms if self.sweep_at_ms is None else min(self.sweep_at_ms, at_ms)
+
+    @property
+    def next_timer_ms(self) -> int | None:
+        times = [t for t in (self.wake_at_ms, self.sweep_at_ms) if t is not None]
+        return min(times) if times else None
 
     def track(self, progress: Progress, job: CallJob) -> None:
         """Record a drive's side effects: calls to start and wait for, results, failures, the retry time."""

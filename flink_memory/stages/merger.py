@@ -3,19 +3,30 @@
 Merges run when a level holds `fan_in` nodes (or as many as fit one request). The global summary is a
 merge of the frontier, made only while no merge that will change the frontier is running: on an unbounded
 input at most once per `summarization.global_refresh_s` per agent (counted from the agent's previous
-global, or from its first node), and once when the input ends; on a bounded input only at its end.
+global, or from its first node), and once when the input ends; on a bounded input only at its end. Each
+global replaces the one before it.
+
+Changes recompute a path, not the memory: a node that replaces another (a batch summarized again after a
+retraction) takes its place. In the frontier it just swaps in; under a merge, that merge is made again
+from its children (the new one replaces it, `merge-L2-000003-r1`), and so on up, then the global. Merged
+nodes stay in state while any batch below their parent is editable (`memory.editable_for`), so their
+siblings' summaries are there to merge again; then only the frontier stays. Forgetting an agent writes an
+empty global that replaces every node of the agent written before.
 """
 
 from __future__ import annotations
+
+from pydantic import Field
 
 from flink_memory.config import Config
 from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive
+from flink_memory.stages.messages import ForgetAgent, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry
+from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry, revision_of
 
 TREE, CLOCK, NODES, MERGES, GLOBAL = "merger_tree", "merger_clock", "merger_nodes", "merger_merges", "merger_global"
 LEGACY_TREE, LEGACY_JOBS = "tree", "jobs"
@@ -26,10 +37,14 @@ class Clock(StateModel):
     first_node_ms: int | None = None  # when the agent's first node arrived (the first refresh counts from it)
     last_global_ms: int | None = None
     ended: bool = False
+    next_sweep_ms: int | None = None
 
 
 class StoredNode(StateModel):
     node: SummaryNode
+    parent: str | None = None  # the merge it went into; None while in the frontier
+    newest_ms: int = 0  # when the newest batch below it arrived
+    revising: str | None = None  # the id of the revision of this merge being made
 
 
 class ParentJob(StateModel):
@@ -40,6 +55,16 @@ class ParentJob(StateModel):
     version: int | None = None
     children: list[ChildRef]
     job: ReduceJob
+    replaces: list[str] = Field(default_factory=list)
+
+    @property
+    def child_ids(self) -> list[str]:
+        return [c.node_id for c in self.children]
+
+
+def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
+    """The children after `new` replaced `old_id` (an empty replacement leaves no child)."""
+    return [new.node_id if c == old_id else c for c in child_ids if c != old_id or new.item_count]
 
 
 class MergerCore:
@@ -54,22 +79,28 @@ class MergerCore:
         self.keep = KEEP[config.summarization.retention]
         self.refresh_ms = None if bounded else int(config.summarization.global_refresh_s * 1000)
         self.merge_target = child_target(factory.budget, config.summarization.fan_in)
+        self.editable_ms = int(config.memory.editable_for * 1000)
 
     # --- activations ---------------------------------------------------------------------------------
 
     def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
-        node = SummaryNode.model_validate_json(payload)
+        control, data = control_of(payload)
         tree, clock = self._load(state)
+        effects = Effects()
+        if isinstance(control, ForgetAgent):
+            self._forget(state, tree, clock, effects)
+            return self._settle(state, tree, clock, effects)
+        node = SummaryNode.model_validate(data)
         clock.ended = False
         if clock.first_node_ms is None:
             clock.first_node_ms = now_ms
-        effects = Effects()
         self._write(node, effects)
-        self._place(state, tree, node, finished, now_ms, effects)
+        self._arrive(state, tree, node, now_ms, finished, effects)
         return self._advance(state, tree, clock, finished, now_ms, effects)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         tree, clock = self._load(state)
+        self._sweep(state, tree, clock, now_ms)
         return self._advance(state, tree, clock, finished, now_ms, Effects())
 
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
@@ -91,8 +122,7 @@ class MergerCore:
         state.set(GLOBAL, None)
         for slots in tree.levels:
             slots[:] = [slot for slot in slots if slot.ready]
-        state.set(TREE, tree)
-        return effects
+        return self._settle(state, tree, clock, effects)
 
     # --- the tree ------------------------------------------------------------------------------------
 
@@ -100,30 +130,104 @@ class MergerCore:
         if node.kind in self.keep:
             effects.out.append(node.model_dump_json())
 
-    def _place(self, state: StateTransaction, tree: SummaryTree, node: SummaryNode, finished: Finished,
-               now_ms: int, effects: Effects) -> None:
-        """A finished node joins the frontier; the merges it completes start (and may finish) at once."""
-        state.put(NODES, node.node_id, StoredNode(node=node))
+    def _arrive(self, state: StateTransaction, tree: SummaryTree, node: SummaryNode, now_ms: int,
+                finished: Finished, effects: Effects) -> None:
+        """A finished node: it replaces the nodes it names, or joins the frontier as a new one."""
+        tree.note_id(node.node_id)
+        below = [stored.newest_ms for c in node.children if (stored := state.entry(NODES, c)) is not None]
+        newest = max(below) if node.kind != "batch" and below else now_ms
+        if node.replaces:
+            for old_id in node.replaces:
+                self._supersede(state, tree, old_id, node, newest, now_ms, finished, effects)
+            return
+        self._place(state, tree, node, newest, now_ms, finished, effects)
+
+    def _place(self, state: StateTransaction, tree: SummaryTree, node: SummaryNode, newest: int, now_ms: int,
+               finished: Finished, effects: Effects) -> None:
+        """A new node joins the frontier; the merges it completes start (and may finish) at once."""
+        state.put(NODES, node.node_id, StoredNode(node=node, newest_ms=newest))
+        self._schedule_sweep(state, now_ms)
         for start in tree.add(node, self.fan_in, self.factory.budget, lambda i: state.entry(NODES, i).node):
-            job = ParentJob(node_id=start.node_id, level=start.level, children=[ChildRef.of(c) for c in start.children],
-                            job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in start.children],
-                                          target_tokens=self.merge_target))
+            children = [c for c in start.children if c.item_count]
+            job = self._merge_job(start.node_id, start.level, children)
             for child in start.children:
-                state.put(NODES, child.node_id, None)
+                stored = state.entry(NODES, child.node_id)
+                state.put(NODES, child.node_id, stored.model_copy(update={"parent": start.node_id}))
             self._run_merge(state, tree, job, finished, now_ms, effects)
+
+    def _merge_job(self, node_id: str, level: int, children: list[SummaryNode],
+                   replaces: list[str] | None = None) -> ParentJob:
+        return ParentJob(node_id=node_id, level=level, children=[ChildRef.of(c) for c in children],
+                         replaces=replaces or [],
+                         job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in children],
+                                       target_tokens=self.merge_target))
 
     def _run_merge(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, finished: Finished,
                    now_ms: int, effects: Effects) -> None:
-        progress = drive(job.job, self.factory, finished, now_ms, self.retry)
-        effects.track(progress, job.job)
-        if progress.state != "done":
+        if len(job.children) <= 1:  # one child (or none left) is its own merge: no call
+            text: str | None = job.job.entries[0]["text"] if job.children else ""
+        else:
+            progress = drive(job.job, self.factory, finished, now_ms, self.retry)
+            effects.track(progress, job.job)
+            text = progress.value if progress.state == "done" else None
+        if text is None:
             state.put(MERGES, job.node_id, job)
             return
         state.put(MERGES, job.node_id, None)
-        node = self._parent(state.key, job, "merge", progress.value)
+        node = self._parent_node(state.key, job, "merge", text)
         effects.counts["merges"] += 1
         self._write(node, effects)
-        self._place(state, tree, node, finished, now_ms, effects)
+        self._arrive(state, tree, node, now_ms, finished, effects)
+
+    def _supersede(self, state: StateTransaction, tree: SummaryTree, old_id: str, new: SummaryNode, newest: int,
+                   now_ms: int, finished: Finished, effects: Effects) -> None:
+        """`new` replaces `old_id` where it stands: in the frontier, or under a merge that is made again."""
+        old = state.entry(NODES, old_id)
+        if old is None:  # sealed long ago (or never seen): nothing in state to recompute, keep the new one
+            effects.counts["replacements_unplaced"] += 1
+            self._place(state, tree, new, newest, now_ms, finished, effects)
+            return
+        state.put(NODES, old_id, None)
+        if old.parent is None:  # a frontier node: swap it in place (an empty one leaves the frontier)
+            for slots in tree.levels:
+                for index, slot in enumerate(slots):
+                    if slot.node_id == old_id:
+                        if new.item_count:
+                            slots[index] = Slot(node_id=new.node_id, ready=True)
+                        else:
+                            del slots[index]
+                        break
+            if new.item_count:
+                state.put(NODES, new.node_id, StoredNode(node=new, newest_ms=newest))
+            return
+        state.put(NODES, new.node_id, StoredNode(node=new, parent=old.parent, newest_ms=newest))
+        running = state.entry(MERGES, old.parent)
+        if running is not None:  # the parent is still being made: make it from the new children instead
+            self._rebuild(state, tree, running, _swap(running.child_ids, old_id, new), finished, now_ms, effects)
+            return
+        parent = state.entry(NODES, old.parent)
+        if parent is None:
+            effects.counts["replacements_unplaced"] += 1
+            return
+        if parent.revising is not None:  # a revision of the parent is being made: it takes this change too
+            job = state.entry(MERGES, parent.revising)
+            self._rebuild(state, tree, job, _swap(job.child_ids, old_id, new), finished, now_ms, effects)
+            return
+        base, number = revision_of(old.parent)
+        job = ParentJob(node_id=f"{base}-r{number + 1}", level=parent.node.level, children=[],
+                        job=ReduceJob(purpose="merge", entries=[]), replaces=[old.parent])
+        state.put(NODES, old.parent, parent.model_copy(update={"revising": job.node_id}))
+        self._rebuild(state, tree, job, _swap(parent.node.children, old_id, new), finished, now_ms, effects)
+
+    def _rebuild(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, child_ids: list[str],
+                 finished: Finished, now_ms: int, effects: Effects) -> None:
+        """Make a merge (again) from these children, in this order (empty ones left out)."""
+        children = [stored.node for i in child_ids if (stored := state.entry(NODES, i)) is not None
+                    and stored.node.item_count]
+        for child in children:
+            state.put(NODES, child.node_id, state.entry(NODES, child.node_id).model_copy(update={"parent": job.node_id}))
+        self._run_merge(state, tree, self._merge_job(job.node_id, job.level, children, job.replaces), finished,
+                        now_ms, effects)
 
     def _advance(self, state: StateTransaction, tree: SummaryTree, clock: Clock, finished: Finished, now_ms: int,
                  effects: Effects) -> Effects:
@@ -140,8 +244,12 @@ class MergerCore:
                 effects.wake(due)
         if pending is not None:
             self._run_global(state, tree, clock, pending, finished, now_ms, effects)
+        return self._settle(state, tree, clock, effects)
+
+    def _settle(self, state: StateTransaction, tree: SummaryTree, clock: Clock, effects: Effects) -> Effects:
         state.set(TREE, tree)
         state.set(CLOCK, clock)
+        effects.sweep(clock.next_sweep_ms)
         return effects
 
     # --- the global summary --------------------------------------------------------------------------
@@ -159,8 +267,9 @@ class MergerCore:
     def _start_global(self, state: StateTransaction, tree: SummaryTree) -> ParentJob:
         frontier = [state.entry(NODES, node_id).node for node_id in tree.frontier()]
         node_id, version = tree.next_global_id()
+        replaces = [f"global-v{tree.global_version:06d}"] if tree.global_version else []
         return ParentJob(node_id=node_id, version=version, children=[ChildRef.of(n) for n in frontier],
-                         job=ReduceJob(purpose="global", entries=[merge_entry(n) for n in frontier]))
+                         replaces=replaces, job=ReduceJob(purpose="global", entries=[merge_entry(n) for n in frontier]))
 
     def _run_global(self, state: StateTransaction, tree: SummaryTree, clock: Clock, pending: ParentJob,
                     finished: Finished, now_ms: int, effects: Effects) -> None:
@@ -174,25 +283,68 @@ class MergerCore:
             state.set(GLOBAL, pending)
             return
         state.set(GLOBAL, None)
-        node = self._parent(state.key, pending, "global", text)
+        node = self._parent_node(state.key, pending, "global", text)
         tree.global_done([c.node_id for c in pending.children], node.version or 0)
         clock.last_global_ms = now_ms
         effects.counts["globals"] += 1
         self._write(node, effects)
 
-    def _parent(self, agent_id: str, job: ParentJob, kind: str, text: str) -> SummaryNode:
+    def _parent_node(self, agent_id: str, job: ParentJob, kind: str, text: str) -> SummaryNode:
         firsts = [c.first_ts for c in job.children if c.first_ts]
         lasts = [c.last_ts for c in job.children if c.last_ts]
-        level = max(c.level for c in job.children) + 1 if kind == "global" else job.level
+        level = max((c.level for c in job.children), default=0) + 1 if kind == "global" else job.level
         return SummaryNode(
             agent_id=agent_id, node_id=job.node_id, kind=kind, level=level,  # type: ignore[arg-type]
             children=[c.node_id for c in job.children], text=text, item_count=sum(c.item_count for c in job.children),
             first_ts=min(firsts) if firsts else None, last_ts=max(lasts) if lasts else None,
             model=",".join(job.job.models) or self.config.llm.model, prompt_tokens=job.job.prompt_tokens,
             completion_tokens=job.job.completion_tokens, version=job.version, truncated=job.job.truncated,
+            replaces=job.replaces,
         )
 
-    # --- state ---------------------------------------------------------------------------------------
+    # --- forgetting and bounded state ----------------------------------------------------------------
+
+    def written_ids(self, tree: SummaryTree) -> list[str]:
+        """Every node id of this agent written so far (ids are counted, never reused), as kept by retention."""
+        ids = [f"batch-{n:06d}" for n in range(1, tree.last_batch + 1)]
+        for level, count in enumerate(tree.merges_per_level):
+            ids += [f"merge-L{level + 1}-{n:06d}" for n in range(1, count + 1)]
+        ids += [f"{base}-r{n}" for base, last in sorted(tree.revised.items()) for n in range(1, last + 1)]
+        ids += [f"global-v{n:06d}" for n in range(1, tree.global_version + 1)]
+        kinds = {"batch": "batch-", "merge": "merge-", "global": "global-"}
+        return [i for i in ids if any(i.startswith(kinds[k]) for k in self.keep)]
+
+    def _forget(self, state: StateTransaction, tree: SummaryTree, clock: Clock, effects: Effects) -> None:
+        """An empty global replaces everything written before; only the id counters stay."""
+        replaces = self.written_ids(tree)
+        for name in (NODES, MERGES):
+            state.clear_map(name)
+        state.set(GLOBAL, None)
+        tree.levels, tree.global_children = [], []
+        node_id, version = tree.next_global_id()
+        tree.global_done([], version)
+        node = SummaryNode(agent_id=state.key, node_id=node_id, kind="global", level=1, children=[], text="",
+                           item_count=0, model=self.config.llm.model, version=version, replaces=replaces)
+        clock.first_node_ms = clock.last_global_ms = clock.next_sweep_ms = None
+        effects.counts["agents_forgotten"] += 1
+        self._write(node, effects)
+
+    def _schedule_sweep(self, state: StateTransaction, now_ms: int) -> None:
+        clock = state.get(CLOCK, Clock) or Clock()
+        if clock.next_sweep_ms is None:
+            clock.next_sweep_ms = now_ms + max(1000, self.editable_ms // 10)
+            state.set(CLOCK, clock)
+
+    def _sweep(self, state: StateTransaction, tree: SummaryTree, clock: Clock, now_ms: int) -> None:
+        """Drop merged nodes whose parent has no editable batch below it any more (the frontier stays)."""
+        if clock.next_sweep_ms is None or now_ms < clock.next_sweep_ms:
+            return
+        merged = [(key, stored) for key, stored in state.items(NODES) if stored.parent is not None]
+        for key, stored in merged:
+            parent = state.entry(NODES, stored.parent)
+            if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.revising is None):
+                state.put(NODES, key, None)
+        clock.next_sweep_ms = now_ms + max(1000, self.editable_ms // 10) if len(merged) else None
 
     def _load(self, state: StateTransaction) -> tuple[SummaryTree, Clock]:
         tree = state.get(TREE, SummaryTree) or SummaryTree()
@@ -211,6 +363,7 @@ class MergerCore:
                     if slot.get("node") is not None:
                         node = SummaryNode.model_validate(slot["node"])
                         state.put(NODES, node.node_id, StoredNode(node=node))
+                        tree.note_id(node.node_id)
                         slots.append(Slot(node_id=node.node_id, ready=True))
                     else:
                         slots.append(Slot(node_id=slot["job"], ready=False))
@@ -235,4 +388,3 @@ def _legacy_job(data: dict) -> ParentJob:
     children = [ChildRef.of(SummaryNode.model_validate(c)) for c in data["children"]]
     return ParentJob(node_id=data["node_id"], level=int(data.get("level", 0)), version=data.get("version"),
                      children=children, job=ReduceJob.model_validate(data["job"]))
-

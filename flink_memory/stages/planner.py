@@ -2,18 +2,27 @@
 
 A record behind a conversation that is still being planned waits in the agent's queue, so units leave in
 input order and batch membership never depends on LLM timing. Plans that cost a call are kept by input
-digest with their verified manifests, so a compatible retry reuses them; a duplicate id with identical
-content is accounted for as a dead letter instead of being summarized twice.
+digest with their verified manifests, so a compatible retry reuses them.
+
+Memory that changes: every accepted record is remembered by id with its content digest and unit ids. The
+same id with identical content is a re-delivery (a `duplicate` dead letter, no unit, no call); with other
+content it is an update: the old units are retracted and the record is planned again in full (its
+manifest names the input it replaces). A deletion retracts a record's units; forgetting drops the agent.
+A record stays editable for `memory.editable_for`; then it is sealed (changes are refused), and after as
+long again its id is forgotten.
 """
 
 from __future__ import annotations
 
 import json
 
+from pydantic import Field
+
 from flink_memory.chunking.core import InvalidPlan, materialize
 from flink_memory.chunking.manifest import (
     ManifestMismatch,
     PolicyChanged,
+    as_update,
     load_verified,
     manifest_json,
     verify_chunks,
@@ -22,11 +31,20 @@ from flink_memory.chunking.planner import ChunkPlanner, PlanJob, PlanTask, Prepa
 from flink_memory.config import Config
 from flink_memory.digests import digest
 from flink_memory.llm.client import RequestFactory
-from flink_memory.records import Conversation, DeadLetter, InputRecord, record_from_json
+from flink_memory.records import (
+    Content,
+    Conversation,
+    DeadLetter,
+    Deletion,
+    Forget,
+    InputRecord,
+    record_from_json,
+)
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive
+from flink_memory.stages.messages import ForgetAgent, Retract
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 
-HEAD, QUEUE, SOURCES, PLANS = "planner_head", "planner_queue", "sources", "plans"
+HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
 LEGACY_QUEUE = "queue"
 
 
@@ -35,10 +53,40 @@ class QueueHead(StateModel):
     next: int = 0  # sequence number the next record gets
 
 
+class SourceEntry(StateModel):
+    """An accepted record: what an update or a deletion of it must retract."""
+
+    digest: str
+    units: list[str] = Field(default_factory=list)
+    accepted_ms: int = 0
+    sealed: bool = False
+
+    @classmethod
+    def from_legacy(cls, raw: str) -> SourceEntry:
+        """Release 0.1.0 kept the content digest alone ("rejected:<digest>" for a record refused under raise,
+        which counts as not accepted: an empty digest matches no content)."""
+        return cls(digest="" if raw.startswith("rejected:") else raw)
+
+
 class QueuedRecord(StateModel):
     payload: str  # the record's JSON, as parsed
     checked: bool = False  # stored plan and duplicate checks done
     job: PlanJob | None = None
+    previous: SourceEntry | None = None  # the accepted version this record updates
+
+
+class PlanEntry(StateModel):
+    manifest: str  # the verified manifest JSON of a plan that cost a call
+    stored_ms: int = 0
+
+    @classmethod
+    def from_legacy(cls, raw: str) -> PlanEntry:
+        """Release 0.1.0 kept the manifest alone."""
+        return cls(manifest=raw)
+
+
+class PlannerClock(StateModel):
+    next_sweep_ms: int | None = None
 
 
 def _key(seq: int) -> str:
@@ -47,7 +95,8 @@ def _key(seq: int) -> str:
 
 def _dead(record: InputRecord, reason: str, stage: str) -> DeadLetter:
     return DeadLetter(raw=json.dumps(record.model_dump(mode="json"), ensure_ascii=False), reason=reason,
-                      stage=stage, agent_id=record.agent_id, record_id=record.id)  # type: ignore[arg-type]
+                      stage=stage, agent_id=record.agent_id,  # type: ignore[arg-type]
+                      record_id=getattr(record, "id", None))
 
 
 def item_digest(record: InputRecord) -> str:
@@ -56,7 +105,8 @@ def item_digest(record: InputRecord) -> str:
 
 
 class PlannerCore:
-    schema = StateSchema(values={HEAD: QueueHead}, maps={QUEUE: QueuedRecord, SOURCES: None, PLANS: None},
+    schema = StateSchema(values={HEAD: QueueHead, CLOCK: PlannerClock},
+                         maps={QUEUE: QueuedRecord, SOURCES: SourceEntry, PLANS: PlanEntry},
                          legacy_values=(LEGACY_QUEUE,))
 
     def __init__(self, config: Config, factory: RequestFactory) -> None:
@@ -64,6 +114,7 @@ class PlannerCore:
         self.planner = ChunkPlanner(config, factory)
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.raise_on_failure = config.chunking.on_planner_failure == "raise"
+        self.editable_ms = int(config.memory.editable_for * 1000)
         spec = config.job.inject_failure or ""
         self.poison = tuple(spec.removeprefix("record:").split("/", 1)) if spec.startswith("record:") else None
 
@@ -88,8 +139,7 @@ class PlannerCore:
         effects = Effects()
         if head.first < head.next:
             entry = state.entry(QUEUE, _key(head.first))
-            record = record_from_json(json.loads(entry.payload))
-            effects.dead_letters.append(_dead(record, reason, "internal"))
+            effects.dead_letters.append(_dead(record_from_json(json.loads(entry.payload)), reason, "internal"))
             state.put(QUEUE, _key(head.first), None)
             head.first += 1
         state.set(HEAD, head if head.first < head.next else None)
@@ -117,6 +167,7 @@ class PlannerCore:
             state.put(QUEUE, _key(head.first), None)
             head.first += 1
         state.set(HEAD, head if head.first < head.next else None)
+        self._sweep(state, now_ms, effects)
         return effects
 
     # --- one record ----------------------------------------------------------------------------------
@@ -125,28 +176,34 @@ class PlannerCore:
                 effects: Effects) -> bool:
         """Handle the record at the head of the queue; False while it waits for the planner."""
         record = record_from_json(json.loads(entry.payload))
-        if self.poison == (record.agent_id, record.id):
+        if self.poison == (record.agent_id, getattr(record, "id", None)):
             raise RuntimeError(f"injected failure for record {record.agent_id}/{record.id} (job.inject_failure)")
+        if isinstance(record, Forget):
+            self._forget(state, effects)
+            return True
+        if isinstance(record, Deletion):
+            self._delete(state, record, now_ms, effects)
+            return True
         if not self.planner.needs_llm(record):
             routed = self.planner.route(record)
-            if not self._accept(state, record, routed.manifest.input_digest if routed.manifest else None, effects):
-                return True
-            self._emit(state, routed, effects)
+            if self._accept(state, record, routed.manifest.input_digest if routed.manifest else None, entry,
+                            now_ms, effects):
+                self._emit(state, record, routed, entry, now_ms, effects)
             return True
         assert isinstance(record, Conversation)
         prepared = prepare(record)
         if not entry.checked:
             stored = state.entry(PLANS, prepared.input_digest)
-            reused = self._reuse(record, prepared, stored) if stored is not None else None
+            reused = self._reuse(record, prepared, stored.manifest) if stored is not None else None
             if isinstance(reused, DeadLetter):
                 effects.dead_letters.append(reused)
                 effects.counts["manifest_verification_failures"] += 1
                 return True
-            if not self._accept(state, record, prepared.input_digest, effects):
+            if not self._accept(state, record, prepared.input_digest, entry, now_ms, effects):
                 return True
             if reused is not None:
                 effects.counts["plans_reused"] += 1
-                self._emit(state, reused, effects, store=False)
+                self._emit(state, record, reused, entry, now_ms, effects, store=False)
                 return True
             entry.checked = True
         job = entry.job or PlanJob()
@@ -154,42 +211,84 @@ class PlannerCore:
         try:
             progress = drive(job, PlanTask(self.planner, prepared), finished, now_ms, self.retry)
         except InvalidPlan as exc:
-            return self._failed(state, record, prepared, f"invalid planner output: {exc}", job, effects)
+            return self._failed(state, record, prepared, f"invalid planner output: {exc}", entry, now_ms, effects)
         effects.track(progress, job)
         if progress.state == "done":
             effects.counts["plans_made"] += 1
-            self._emit(state, self.planner.finish(record, prepared, progress.value, "semantic", calls=job.calls),
-                       effects)
+            routed = self.planner.finish(record, prepared, progress.value, "semantic", calls=job.calls)
+            self._emit(state, record, routed, entry, now_ms, effects)
             return True
         if progress.state == "failed":
-            return self._failed(state, record, prepared, f"planner call failed: {progress.error}", job, effects)
+            return self._failed(state, record, prepared, f"planner call failed: {progress.error}", entry, now_ms,
+                                effects)
         return False
 
-    def _failed(self, state: StateTransaction, record: Conversation, prepared: Prepared, reason: str, job: PlanJob,
-                effects: Effects) -> bool:
+    def _failed(self, state: StateTransaction, record: Conversation, prepared: Prepared, reason: str,
+                entry: QueuedRecord, now_ms: int, effects: Effects) -> bool:
         """`chunking.on_planner_failure`: fixed chunks with the reason, or a dead letter (`raise`).
 
-        A record refused under `raise` is forgotten, so the same record sent again is planned again.
+        A record refused under `raise` is not accepted (an update leaves the previous version in place), so
+        the same record sent again is planned again.
         """
         if self.raise_on_failure:
             effects.dead_letters.append(_dead(record, reason, "plan"))
-            state.put(SOURCES, record.id, None)
+            state.put(SOURCES, record.id, entry.previous)
             return True
         effects.counts["plan_fallbacks"] += 1
-        self._emit(state, self.planner.fallback(record, prepared, reason, job.calls), effects)
+        calls = entry.job.calls if entry.job else 0
+        self._emit(state, record, self.planner.fallback(record, prepared, reason, calls), entry, now_ms, effects)
         return True
 
-    def _accept(self, state: StateTransaction, record: InputRecord, input_digest: str | None,
-                effects: Effects) -> bool:
-        """Remember the record's content; an id seen with identical content is a duplicate (dead letter)."""
+    def _accept(self, state: StateTransaction, record: Content, input_digest: str | None, entry: QueuedRecord,
+                now_ms: int, effects: Effects) -> bool:
+        """Remember the record's content. An id seen with identical content is a re-delivery (a dead letter
+        `duplicate`); with other content, an update of the version it remembers (unless that is sealed)."""
         content = input_digest or item_digest(record)
-        previous = state.entry(SOURCES, record.id)
-        if previous == content:  # (release 0.1.0 marked records refused under `raise` as "rejected:...")
+        previous = self._source(state, record.id)
+        if previous is not None and previous.digest == content:
             effects.dead_letters.append(_dead(record, "duplicate: this id was already accepted with identical "
                                                       "content", "duplicate"))
             return False
-        state.put(SOURCES, record.id, content)
+        if previous is not None and self._sealed(previous, now_ms):
+            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id), "change"))
+            return False
+        entry.previous = previous
+        state.put(SOURCES, record.id, SourceEntry(digest=content, accepted_ms=now_ms))
+        self._remember(state, now_ms, effects)
         return True
+
+    def _delete(self, state: StateTransaction, record: Deletion, now_ms: int, effects: Effects) -> None:
+        previous = self._source(state, record.id)
+        if previous is None:
+            effects.dead_letters.append(_dead(record, f"unknown id: agent {record.agent_id} has no accepted record "
+                                                      f"{record.id!r} to delete (never sent, already deleted, or "
+                                                      "sealed long ago)", "change"))
+            return
+        if self._sealed(previous, now_ms):
+            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id), "change"))
+            return
+        effects.out.append(Retract(units=previous.units, reason=f"record {record.id} deleted").model_dump_json())
+        effects.counts["deletions"] += 1
+        state.put(SOURCES, record.id, None)
+
+    def _forget(self, state: StateTransaction, effects: Effects) -> None:
+        for name in (SOURCES, PLANS, QUEUE):
+            state.clear_map(name)
+        state.set(CLOCK, None)
+        effects.out.append(ForgetAgent().model_dump_json())
+        effects.counts["agents_forgotten"] += 1
+
+    def _sealed(self, source: SourceEntry, now_ms: int) -> bool:
+        return source.sealed or (source.accepted_ms > 0 and now_ms - source.accepted_ms >= self.editable_ms)
+
+    def _sealed_reason(self, record_id: str) -> str:
+        return (f"sealed: record {record_id!r} was accepted more than memory.editable_for "
+                f"({self.config.memory.editable_for:.0f} s) ago; its text has left state, so it can no longer be "
+                "updated or deleted")
+
+    def _source(self, state: StateTransaction, record_id: str) -> SourceEntry | None:
+        source = state.entry(SOURCES, record_id)
+        return source if source is not None and source.digest else None
 
     def _reuse(self, record: Conversation, prepared: Prepared, stored: str) -> Routed | DeadLetter | None:
         """A verified stored plan, None when the policy changed, a dead letter when verification fails."""
@@ -208,11 +307,61 @@ class PlannerCore:
             return _dead(record, f"stored chunk plan failed verification, not reused: {exc}", "plan")
         return routed
 
-    def _emit(self, state: StateTransaction, routed: Routed, effects: Effects, store: bool = True) -> None:
-        if routed.manifest is not None:
-            text = manifest_json(routed.manifest)
-            if store and routed.manifest.method in ("semantic", "fallback"):  # the ones that cost a call
-                state.put(PLANS, routed.manifest.input_digest, text)
-            effects.manifests.append(text)
+    def _emit(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord, now_ms: int,
+              effects: Effects, store: bool = True) -> None:
+        previous = entry.previous
+        if previous is not None:  # an update: the old version's units leave before the new ones arrive
+            effects.out.append(Retract(units=previous.units, reason=f"record {record.id} updated").model_dump_json())
+            effects.counts["updates"] += 1
+        manifest = routed.manifest
+        if manifest is not None:
+            if store and manifest.method in ("semantic", "fallback"):  # the ones that cost a call
+                state.put(PLANS, manifest.input_digest, PlanEntry(manifest=manifest_json(manifest), stored_ms=now_ms))
+            if previous is not None:
+                manifest = as_update(manifest, previous.digest, "update: the record was sent again with other "
+                                                                "content, so it was planned again in full")
+            effects.manifests.append(manifest_json(manifest))
+        units = [unit["unit_id"] for unit in routed.units]
+        state.put(SOURCES, record.id, SourceEntry(digest=manifest.input_digest if routed.manifest else
+                                                  item_digest(record), units=units, accepted_ms=now_ms))
         effects.out.extend(json.dumps(unit, ensure_ascii=False) for unit in routed.units)
 
+    # --- bounded state -------------------------------------------------------------------------------
+
+    def _remember(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
+        """Something was stored that must expire: make sure a sweep is scheduled."""
+        if state.get(CLOCK, PlannerClock) is None:
+            state.set(CLOCK, PlannerClock(next_sweep_ms=now_ms + self._sweep_step()))
+        effects.sweep(state.get(CLOCK, PlannerClock).next_sweep_ms)
+
+    def _sweep_step(self) -> int:
+        return max(1000, self.editable_ms // 10)
+
+    def _sweep(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
+        """Seal records older than memory.editable_for, forget ids twice as old and plans as old; schedule the
+        next sweep while anything is left. Runs every tenth of memory.editable_for, not on every record."""
+        clock = state.get(CLOCK, PlannerClock)
+        if clock is None or clock.next_sweep_ms is None:
+            return
+        if now_ms >= clock.next_sweep_ms:
+            for record_id in state.keys(SOURCES):
+                source = state.entry(SOURCES, record_id)
+                age = now_ms - source.accepted_ms
+                if not source.accepted_ms:  # remembered by release 0.1.0: its age counts from now
+                    state.put(SOURCES, record_id, source.model_copy(update={"accepted_ms": now_ms}))
+                elif age >= 2 * self.editable_ms or not source.digest:
+                    state.put(SOURCES, record_id, None)
+                elif age >= self.editable_ms and not source.sealed:
+                    state.put(SOURCES, record_id, source.model_copy(update={"sealed": True, "units": []}))
+            for input_digest in state.keys(PLANS):
+                plan = state.entry(PLANS, input_digest)
+                if not plan.stored_ms:
+                    state.put(PLANS, input_digest, plan.model_copy(update={"stored_ms": now_ms}))
+                elif now_ms - plan.stored_ms >= self.editable_ms:
+                    state.put(PLANS, input_digest, None)
+            if not state.keys(SOURCES) and not state.keys(PLANS):
+                state.set(CLOCK, None)
+                return
+            clock.next_sweep_ms = now_ms + self._sweep_step()
+            state.set(CLOCK, clock)
+        effects.sweep(clock.next_sweep_ms)

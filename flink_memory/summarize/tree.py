@@ -9,6 +9,7 @@ same groups and hits the journal. A new batch node costs O(log N) merges.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -56,11 +57,30 @@ class MergeStart:
     children: list[SummaryNode]
 
 
+_REVISION = re.compile(r"^(.*?)(?:-r(\d+))?$")
+
+
+def revision_of(node_id: str) -> tuple[str, int]:
+    """`merge-L2-000003-r2` -> ("merge-L2-000003", 2); an original node is revision 0."""
+    base, number = _REVISION.match(node_id).groups()  # type: ignore[union-attr]
+    return base, int(number or 0)
+
+
 class SummaryTree(StateModel):
     levels: list[list[Slot]] = Field(default_factory=list)
     merges_per_level: list[int] = Field(default_factory=list)  # node ids count per level: deterministic
     global_version: int = 0
     global_children: list[str] = Field(default_factory=list)
+    # every id written: batches 1..last_batch, merges by merges_per_level, globals by version, and revisions
+    last_batch: int = 0
+    revised: dict[str, int] = Field(default_factory=dict)
+
+    def note_id(self, node_id: str) -> None:
+        base, number = revision_of(node_id)
+        if number:
+            self.revised[base] = max(number, self.revised.get(base, 0))
+        if base.startswith("batch-"):
+            self.last_batch = max(self.last_batch, int(base.split("-")[1]))
 
     # --- growth --------------------------------------------------------------------------------------
 

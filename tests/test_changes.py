@@ -1,0 +1,140 @@
+"""Memory that changes, on the stage cores: updates, re-deliveries, deletions, forgetting, sealing, and what
+a change costs. The summarizer keeps every line it is given, so a node's text shows which facts it holds."""
+
+import math
+from collections import Counter
+
+import pytest
+from stagekit import Pipeline, cfg, keeping_answer, live, summary_answer
+
+
+def item(agent, i, fact=None):
+    return {"agent_id": agent, "id": f"m{i}", "text": fact or f"Fact{i} of {agent}: Person{i} paid {i} EUR."}
+
+
+def conversation(agent, name, turns, edit=None):
+    messages = []
+    for t in range(turns):
+        text = f"[{name}] turn {t}: " + "we discuss the plan in detail " * 6
+        if edit and t == edit[0]:
+            text = edit[1]
+        messages.append({"role": "user", "content": text})
+        messages.append({"role": "assistant", "content": f"reply {t}: " + "noted, with numbers 12 and 7 " * 6})
+    return {"agent_id": agent, "id": f"conv-{name}", "messages": messages}
+
+
+def live_units(pipeline, agent):
+    """Units of the agent's live batch nodes, with how often each is covered."""
+    return Counter(u for n in live(pipeline.summaries) if n["agent_id"] == agent and n["kind"] == "batch"
+                   for u in n["children"])
+
+
+def live_text(pipeline, agent):
+    return "\n".join(n["text"] for n in live(pipeline.summaries) if n["agent_id"] == agent)
+
+
+def run(*settings, bounded=True, answer=keeping_answer):
+    return Pipeline(cfg("batching.max_items=3", "summarization.fan_in=2", *settings), answer, bounded=bounded)
+
+
+def test_an_update_supersedes_the_fact_everywhere_and_a_redelivery_costs_nothing():
+    pipeline = run().feed(*[item("a", i) for i in range(7)]).end()
+    calls = len(pipeline.sent)
+    pipeline.feed(item("a", 0)).end()  # the same record again: accounted for, nothing else
+    assert len(pipeline.sent) == calls and [d.stage for d in pipeline.dead_letters] == ["duplicate"]
+    pipeline.feed(item("a", 4, fact="Fact4 of a: Person4 paid 999 EUR, corrected.")).end()
+    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(7))  # every live unit exactly once
+    text = live_text(pipeline, "a")
+    assert "999 EUR, corrected" in text and "paid 4 EUR" not in text
+    current = pipeline.current("a")
+    assert current["item_count"] == 7 and "999 EUR" in current["text"] and "paid 4 EUR" not in current["text"]
+    # only the globals' versions grow; the old global is replaced too
+    assert [n["node_id"] for n in live(pipeline.summaries) if n["kind"] == "global"] == [current["node_id"]]
+
+
+def test_a_grown_and_edited_conversation_is_planned_again_in_full():
+    answer = keeping_answer
+    pipeline = Pipeline(cfg("chunking.max_chunk_tokens=400", "batching.max_items=4", "summarization.fan_in=2",
+                            "chunking.semantic=false"), answer)
+    pipeline.feed(conversation("a", "x", 10), item("a", 1)).end()
+    (first,) = pipeline.manifests
+    pipeline.feed(conversation("a", "x", 14, edit=(2, "[x] turn 2: the budget is now 61 EUR"))).end()
+    update = pipeline.manifests[-1]
+    assert update["replaces_input_digest"] == first["input_digest"]
+    assert "planned again in full" in update["replace_reason"]
+    units = live_units(pipeline, "a")
+    assert units == Counter(["m1"] + [f"conv-x#{k}" for k in range(len(update["chunks"]))])
+    text = live_text(pipeline, "a")
+    assert "budget is now 61 EUR" in text and "[x] turn 2: we discuss" not in text and "[x] turn 13" in text
+
+
+def test_a_deletion_retracts_and_an_unknown_id_is_a_dead_letter():
+    pipeline = run().feed(*[item("a", i) for i in range(6)]).end()
+    pipeline.feed({"agent_id": "a", "id": "m2", "deleted": True}, {"agent_id": "a", "id": "nope", "deleted": True})
+    pipeline.end()
+    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(6) if i != 2)
+    assert "Person2 " not in live_text(pipeline, "a") and pipeline.current("a")["item_count"] == 5
+    (dead,) = pipeline.dead_letters
+    assert dead.stage == "change" and dead.reason.startswith("unknown id") and dead.record_id == "nope"
+
+
+def test_deleting_every_unit_of_a_batch_leaves_an_empty_replacement():
+    pipeline = run().feed(*[item("a", i) for i in range(6)]).end()
+    pipeline.feed(*[{"agent_id": "a", "id": f"m{i}", "deleted": True} for i in range(3)]).end()
+    empty = [n for n in live(pipeline.summaries) if n["kind"] == "batch" and not n["children"]]
+    assert [n["item_count"] for n in empty] == [0] and empty[0]["replaces"] == ["batch-000001"]
+    assert pipeline.current("a")["item_count"] == 3 and "Person0 " not in pipeline.current("a")["text"]
+
+
+def test_forgetting_an_agent_replaces_everything_it_had():
+    pipeline = run().feed(*[item("a", i) for i in range(9)], *[item("b", i) for i in range(4)]).end()
+    written = {n["node_id"] for n in pipeline.summaries if n["agent_id"] == "a"}
+    pipeline.feed({"agent_id": "a", "forget": True}).end()
+    current = pipeline.current("a")
+    assert current["text"] == "" and current["item_count"] == 0 and set(current["replaces"]) >= written
+    assert [n["node_id"] for n in live(pipeline.summaries) if n["agent_id"] == "a"] == [current["node_id"]]
+    assert pipeline.current("b")["item_count"] == 4  # another agent is untouched
+    pipeline.feed(item("a", 0)).end()  # the id is free again; new nodes get new ids
+    ids = [n["node_id"] for n in pipeline.summaries if n["agent_id"] == "a"]
+    assert len(ids) == len(set(ids)) and pipeline.current("a")["item_count"] == 1
+
+
+@pytest.mark.parametrize("batches", [1, 8, 64, 512])
+def test_an_update_costs_a_path_not_the_memory(batches):
+    """One batch per item, fan-in 8: an update re-summarizes its batch, each ancestor and the global."""
+    pipeline = Pipeline(cfg("batching.max_items=1", "summarization.fan_in=8"), summary_answer)
+    pipeline.feed(*[item("a", i) for i in range(batches)]).end()
+    before = len(pipeline.sent)
+    pipeline.feed(item("a", batches // 2, fact="Fact changed: Person paid 1 EUR.")).end()
+    cost = len(pipeline.sent) - before
+    bound = (math.ceil(math.log(batches, 8)) if batches > 1 else 0) + 2
+    assert 1 <= cost <= bound, (cost, bound)
+    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(batches))
+    # the old unit's batch is replaced by an empty node, the new version is a new batch
+    (emptied,) = [n for n in live(pipeline.summaries) if n["replaces"] == [f"batch-{batches // 2 + 1:06d}"]]
+    assert emptied["item_count"] == 0 and emptied["text"] == ""
+    (added,) = [n for n in live(pipeline.summaries) if n["children"] == [f"m{batches // 2}"]]
+    assert "Fact changed" in added["text"] and pipeline.current("a")["item_count"] == batches
+
+
+def test_changes_to_a_sealed_record_are_refused_and_state_stays_bounded():
+    pipeline = run("memory.editable_for=100", bounded=False)
+    pipeline.feed(*[item("a", i) for i in range(6)]).advance(30)
+    pipeline.advance(101)
+    pipeline.feed(item("a", 1, fact="too late"), {"agent_id": "a", "id": "m2", "deleted": True}).settle()
+    assert [d.stage for d in pipeline.dead_letters] == ["change", "change"]
+    assert all(d.reason.startswith("sealed") for d in pipeline.dead_letters)
+    assert "too late" not in live_text(pipeline, "a")
+
+
+def test_a_long_stream_keeps_state_per_agent_bounded():
+    """Ten editable windows of input: the state of each stage stops growing after the first two."""
+    pipeline = run("memory.editable_for=60", "batching.flush_after_s=5", "summarization.global_refresh_s=30",
+                   bounded=False, answer=summary_answer)
+    sizes = []
+    for step in range(40):
+        pipeline.feed(*[item("a", 10 * step + i) for i in range(10)]).settle().advance(15)
+        if step in (9, 19, 39):
+            sizes.append(sum(stage.state.size("a") for stage in pipeline.stages))
+    assert sizes[2] <= 1.3 * sizes[0], sizes
+    assert pipeline.end().current("a")["item_count"] == 400
