@@ -155,16 +155,18 @@ def test_plans_in_restored_state_are_reused_and_tampered_ones_fail_closed(tmp_pa
 
 
 def tamper_first_boundary(checkpoint, source_id):
-    """Change one digit of the stored plan of `source_id` (canonical JSON: boundaries precede source_id)."""
-    needle = f'"source_id":"{source_id}"'.encode()
+    """Change one digit of the stored plan of `source_id` (canonical JSON: boundaries precede source_id; the
+    manifest is a JSON string inside the plan's state entry, so its quotes are escaped)."""
+    needle = f'\\"source_id\\":\\"{source_id}\\"'.encode()
+    boundaries = b'\\"boundaries\\":['
     for path in checkpoint.rglob("*"):
         if not path.is_file():
             continue
         data = bytearray(path.read_bytes())
         at = data.find(needle)
         while at >= 0:
-            start = data.rfind(b'"boundaries":[', 0, at)
-            digit = start + len(b'"boundaries":[')
+            start = data.rfind(boundaries, 0, at)
+            digit = start + len(boundaries)
             if start >= 0 and chr(data[digit]).isdigit():
                 data[digit] = ord("1") if data[digit] != ord("1") else ord("2")
                 path.write_bytes(bytes(data))
