@@ -312,3 +312,24 @@ def test_an_activation_that_raises_leaves_the_state_as_it_was():
     assert state.values == {} and state.maps == {}  # nothing reaches the backend before commit
     tx.commit()
     assert state.values and state.maps
+
+
+def test_a_tampered_plan_in_progress_fails_closed():
+    """A conversation whose planning is under way when the state is altered: never used, a dead letter."""
+    pipeline = Pipeline(cfg(*PLANNED, "chunking.planner_window_tokens=300"), planner_answer())
+    pipeline.answer = _raiser  # the first window fails: the plan waits in state for its retry
+    pipeline.feed(conversation("a", "x", turns=30))
+    queue = pipeline.stages[0].state.maps[("a", "planner_queue")]
+    (key,) = queue
+    entry = json.loads(queue[key])
+    entry["job"]["accepted"] = [0]
+    queue[key] = json.dumps(entry)
+    pipeline.answer = planner_answer()
+    pipeline.advance(600)
+    (dead,) = pipeline.dead_letters
+    assert dead.stage == "plan" and "plan in progress failed verification" in dead.reason
+    assert pipeline.manifests == []
+
+
+def _raiser(request):
+    raise LLMCallError("provider down for now")

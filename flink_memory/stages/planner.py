@@ -72,6 +72,7 @@ class QueuedRecord(StateModel):
     payload: str  # the record's JSON, as parsed
     checked: bool = False  # stored plan and duplicate checks done
     job: PlanJob | None = None
+    job_digest: str | None = None  # seals the plan in progress to this input and policy, like a manifest
     previous: SourceEntry | None = None  # the accepted version this record updates
 
 
@@ -151,8 +152,10 @@ class PlannerCore:
         if legacy is not None:  # release 0.1.0 kept the queue as one list of the same fields
             for entry in decode_state(legacy, []):
                 job = PlanJob.model_validate(entry["job"]) if entry.get("job") else None
-                state.put(QUEUE, _key(head.next), QueuedRecord(payload=entry["payload"],
-                                                               checked=bool(entry.get("checked")), job=job))
+                record = record_from_json(json.loads(entry["payload"]))
+                sealed = self._job_digest(job, prepare(record)) if job and isinstance(record, Conversation) else None
+                state.put(QUEUE, _key(head.next), QueuedRecord(payload=entry["payload"], job=job, job_digest=sealed,
+                                                               checked=bool(entry.get("checked"))))
                 head.next += 1
             state.clear_legacy(LEGACY_QUEUE)
         return head
@@ -206,12 +209,19 @@ class PlannerCore:
                 self._emit(state, record, reused, entry, now_ms, effects, store=False)
                 return True
             entry.checked = True
+        if entry.job is not None and entry.job_digest != self._job_digest(entry.job, prepared):
+            effects.dead_letters.append(_dead(record, "the chunk plan in progress failed verification (tampered or "
+                                                      "corrupt state), not used", "plan"))
+            effects.counts["manifest_verification_failures"] += 1
+            state.put(SOURCES, record.id, entry.previous)
+            return True
         job = entry.job or PlanJob()
         entry.job = job
         try:
             progress = drive(job, PlanTask(self.planner, prepared), finished, now_ms, self.retry)
         except InvalidPlan as exc:
             return self._failed(state, record, prepared, f"invalid planner output: {exc}", entry, now_ms, effects)
+        entry.job_digest = self._job_digest(job, prepared)
         effects.track(progress, job)
         if progress.state == "done":
             effects.counts["plans_made"] += 1
@@ -222,6 +232,10 @@ class PlannerCore:
             return self._failed(state, record, prepared, f"planner call failed: {progress.error}", entry, now_ms,
                                 effects)
         return False
+
+    def _job_digest(self, job: PlanJob, prepared: Prepared) -> str:
+        return digest({"input": prepared.input_digest, "policy": self.planner.fingerprint,
+                       "job": job.model_dump(mode="json", include={"cursor", "accepted", "scale", "rejections"})})
 
     def _failed(self, state: StateTransaction, record: Conversation, prepared: Prepared, reason: str,
                 entry: QueuedRecord, now_ms: int, effects: Effects) -> bool:
