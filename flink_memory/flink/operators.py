@@ -131,7 +131,7 @@ class StageFunction(KeyedProcessFunction):
             {} if self.stage == "planner" else {"bounded": self.bounded}))
         schema = self.core.schema
         values = {name: runtime_context.get_state(ValueStateDescriptor(name, Types.STRING()))
-                  for name in [*schema.values, *schema.legacy_values, "end_armed"]}
+                  for name in [*schema.values, *schema.legacy_values]}
         maps = {name: runtime_context.get_map_state(MapStateDescriptor(name, Types.STRING(), Types.STRING()))
                 for name in schema.maps}
         self.state = _FlinkState(values, maps)
@@ -140,6 +140,7 @@ class StageFunction(KeyedProcessFunction):
         # per key: the calls it waits for and its core's next deadline (a timer before either is skipped)
         self.pending: dict[str, tuple[list[str], int | None]] = {}
         self.signalled: set[str] = set()  # agents whose end of input went downstream
+        self.armed: set[str] = set()  # agents whose end-of-input timers this subtask has registered
         self.activations = 0
         self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
@@ -272,10 +273,10 @@ class StageFunction(KeyedProcessFunction):
 
     def _schedule(self, ctx: Any, key: str, effects: Effects, now: int) -> None:
         timers = ctx.timer_service()
-        if self.state.values["end_armed"].value() is None:  # the end-of-input phases, once per key
+        if key not in self.armed:  # the end-of-input phases, once per key and subtask (Flink keeps one per time)
             for ts in END_TIMERS:
                 timers.register_event_time_timer(ts)
-            self.state.values["end_armed"].update("1")
+            self.armed.add(key)
         if effects.sweep_at_ms is not None:  # housekeeping (sealing old state): its own, rare timer
             self._set_timer(ctx, effects.sweep_at_ms)
         if effects.idle:

@@ -20,9 +20,10 @@ from typing import Any
 
 from flink_memory.llm.types import ChatRequest, ChatResult
 
-# Which queued call a free worker takes first: calls that finish an agent's chain (its global, a merge, a
-# plan that holds back its records) before calls that start new work, so the last chains do not end alone.
-PRIORITY = {"calibrate": 0, "global": 1, "plan": 2, "merge": 2, "part": 3, "batch": 3}
+# Which queued call a free worker takes first: calls that other work waits for before calls nothing waits
+# for (a plan holds back its agent's records, a batch its merges and global; a global ends a chain), so the
+# last chains of a run do not end with the pool half idle.
+PRIORITY = {"calibrate": 0, "plan": 1, "part": 2, "batch": 2, "merge": 3, "global": 4}
 
 
 @dataclass

@@ -123,6 +123,16 @@ class PlannerCore:
 
     def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
         head = self._head(state)
+        if head.first == head.next:  # nothing waits before it: handle it at once, queue it only if it must wait
+            effects = Effects()
+            entry = QueuedRecord(payload=payload)
+            if self._handle(state, entry, finished, now_ms, effects):
+                self._sweep(state, now_ms, effects)
+                return effects
+            state.put(QUEUE, _key(head.next), entry)
+            head.next += 1
+            state.set(HEAD, head)
+            return effects
         state.put(QUEUE, _key(head.next), QueuedRecord(payload=payload))
         head.next += 1
         return self._drain(state, head, finished, now_ms)
