@@ -14,7 +14,6 @@ merge as long as its relevance is at least SPECIFICITY (0.8) of the merge's, and
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -100,12 +99,6 @@ def live_view(changelog: Iterable[SummaryNode | dict[str, Any] | str]) -> dict[t
     return {(n.agent_id, n.node_id): n for n in nodes if (n.agent_id, n.node_id) not in replaced}
 
 
-def current_of(nodes: Iterable[SummaryNode]) -> SummaryNode | None:
-    """The global node with the highest version among `nodes` (live nodes of one agent)."""
-    globals_ = [n for n in nodes if n.kind == "global"]
-    return max(globals_, key=lambda n: n.version or 0) if globals_ else None
-
-
 def walk_tree(root: SummaryNode, children: Callable[[SummaryNode], list[SummaryNode]]
               ) -> list[tuple[int, SummaryNode, int]]:
     """Depth-first (depth, node, children not stored) from `root`; `children` gives a node's stored children."""
@@ -119,15 +112,32 @@ def walk_tree(root: SummaryNode, children: Callable[[SummaryNode], list[SummaryN
     return out
 
 
-def describe(node: SummaryNode, width: int = 100) -> str:
-    """One line about a node: id, kind, level, units, time range, the start of its text."""
-    span = f"{node.first_ts or '?'} .. {node.last_ts or '?'}"
+def snippet(text: str, width: int) -> str:
+    """A text on one line, cut to `width` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def describe(node: SummaryNode) -> str:
+    """A node in one line, without its text: id, kind, version, level, units, time range."""
     version = f" v{node.version}" if node.version is not None else ""
-    text = " ".join(node.text.split())
-    if len(text) > width:
-        text = text[: width - 3] + "..."
-    return f"{node.node_id} ({node.kind}{version}, level {node.level}, {node.item_count} units, {span}): {text}"
+    return (f"{node.node_id} ({node.kind}{version}, level {node.level}, {node.item_count} units, "
+            f"{node.first_ts or '?'} .. {node.last_ts or '?'})")
 
 
-def hit_json(hit: Recalled) -> str:
-    return json.dumps(hit.model_dump(mode="json"), ensure_ascii=False)
+def tree_lines(tree: list[tuple[int, SummaryNode, int]], width: int = 100) -> list[str]:
+    """`walk_tree` output as indented lines: the node, the start of its text, children not stored."""
+    lines = []
+    for depth, node, missing in tree:
+        note = f" [{missing} children not stored]" if missing else ""
+        lines.append(f"{'  ' * depth}{describe(node)}{note}: {snippet(node.text, width)}")
+    return lines
+
+
+def recall_table(hits: list[Recalled], width: int = 80) -> list[str]:
+    """Recall hits as a table: rank, score, kind, level, node id, time range, the start of the text."""
+    rows = [("#", "score", "kind", "level", "node", "from", "to", "text")]
+    rows += [(str(i), f"{h.score:.4g}", h.kind, str(h.level), h.node_id, h.first_ts or "?", h.last_ts or "?",
+              snippet(h.text, width)) for i, h in enumerate(hits, 1)]
+    widths = [max(len(row[c]) for row in rows) for c in range(7)]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row[:7], widths)) + "  " + row[7] for row in rows]
