@@ -5,6 +5,8 @@ import json
 import multiprocessing
 import random
 import sqlite3
+import sys
+from pathlib import Path
 
 import pytest
 from pgserver import new_database
@@ -326,3 +328,16 @@ def test_show_and_recall_fail_with_a_message_and_an_exit_code(tmp_path, location
         argv = [command, agent] + (["zebra"] if command == "recall" else [])
         code, out, err = cli(capsys, *argv, "--store", location)
         assert (code, out) == (want, "") and err.startswith(f"flink-memory: {message}") and "Traceback" not in err
+
+
+def test_the_sample_agent_prompt_holds_the_gist_and_the_detail(tmp_path):
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "samples"))
+    from agent_prompt import memory_prompt
+
+    with open_store(str(tmp_path / "memory.sqlite"), create=True) as store:
+        store.upsert(facts_and_distractors())
+        prompt = memory_prompt(store, "a", "What did Alice pay for the boat?", k=2)
+        empty = memory_prompt(store, "nobody", "What did Alice pay for the boat?")
+    gist, detail = prompt.index("Eight people paid for cars"), prompt.index("Alice paid 300 EUR")
+    assert gist < detail < prompt.index("Question: What did Alice pay for the boat?")
+    assert prompt.count("\n- (") == 2 and "(nothing yet)" in empty and "- (none)" in empty
