@@ -33,7 +33,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from jobkit import batch_units, config_for, execute, write_lines  # noqa: E402
-from strategies import fact_name, provider  # noqa: E402
+from strategies import add_job_arguments, fact_name, provider, settings  # noqa: E402
 
 from flink_memory.cli import read_outputs  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
@@ -137,10 +137,7 @@ def run_size(base_url: str, args: argparse.Namespace, size: int, workdir: Path) 
     records, facts = dataset(args.agents, size, args.distractors, args.mentions)
     input_path = write_lines(workdir / f"{size}-input" / "part-0.jsonl", records)
     output = workdir / f"{size}-output"
-    config = config_for(base_url, f"llm.model={args.model}", f"llm.context_window={args.context_window}",
-                        f"llm.max_output_tokens={args.max_output_tokens}", f"llm.max_concurrency={args.concurrency}",
-                        f"batching.max_items={args.max_items}", f"summarization.fan_in={args.fan_in}",
-                        "checkpointing.interval_s=0", "llm.timeout_s=900")
+    config = config_for(base_url, *settings(base_url, args))
     started = time.perf_counter()
     execute(build_job(config, str(input_path), str(output)), f"bench-recall-{size}", timeout_s=args.job_timeout_s)
     wall = time.perf_counter() - started
@@ -175,16 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--distractors", type=int, default=4, help="similar notes about other subjects, per fact")
     parser.add_argument("--mentions", type=int, default=2, help="unrelated notes naming the fact's subject")
     parser.add_argument("--k", type=int, default=5)
-    parser.add_argument("--provider", choices=["scripted", "embedded"], default="scripted")
-    parser.add_argument("--base-url", help="any OpenAI-compatible endpoint (overrides --provider)")
-    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--latency", type=float, default=0.0, help="scripted provider latency per call (s)")
-    parser.add_argument("--context-window", type=int, default=8192)
-    parser.add_argument("--max-output-tokens", type=int, default=384)
-    parser.add_argument("--max-items", type=int, default=50)
-    parser.add_argument("--fan-in", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--job-timeout-s", type=float, default=3600)
+    add_job_arguments(parser, latency_s=0.0)
     parser.add_argument("--json", type=Path, help="write the numbers here")
     args = parser.parse_args(argv)
     results: dict[str, Any] = {"provider": args.base_url or args.provider, "agents": args.agents, "k": args.k,

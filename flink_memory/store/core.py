@@ -53,8 +53,8 @@ class Recalled(BaseModel):
 
     @classmethod
     def of(cls, node: SummaryNode, score: float) -> Recalled:
-        return cls(node_id=node.node_id, kind=node.kind, level=node.level, text=node.text, score=float(f"{score:.6g}"),
-                   first_ts=node.first_ts, last_ts=node.last_ts)
+        fields = node.model_dump(include={"node_id", "kind", "level", "text", "first_ts", "last_ts"})
+        return cls(**fields, score=float(f"{score:.6g}"))
 
 
 def as_node(value: SummaryNode | dict[str, Any] | str | bytes) -> SummaryNode:
