@@ -239,6 +239,9 @@ def run_job(args: argparse.Namespace) -> int:
     finally:
         progress.stop()
     print(report(args.output, time.monotonic() - started))
+    store = config.store.location(args.output)
+    if store:
+        print(f"  live memory             : {store} (read it: flink-memory show|recall AGENT --store {store})")
     return 0
 
 

@@ -13,7 +13,15 @@ from pgserver import new_database
 
 from flink_memory.records import SummaryNode
 from flink_memory.store import StoreError, StoreNotFound, live_view, open_store
-from flink_memory.store.core import SPECIFICITY, fts5_query, query_terms, specificity_steps, tsquery_term
+from flink_memory.store.core import (
+    SPECIFICITY,
+    fts5_query,
+    query_terms,
+    specificity_steps,
+    tree_lines,
+    tsquery_term,
+    walk_tree,
+)
 from flink_memory.store.sql import META
 
 
@@ -148,6 +156,13 @@ def test_children_in_order_and_batch_children_are_units(location):
         assert [c.node_id for c in store.children("a", "global-v1")] == ["merge-1"]  # not written: left out
         assert store.children("a", "batch-1") == []  # its children are memory units
         assert store.children("a", "nope") == [] and store.children("b", "merge-1") == []
+        tree = walk_tree(store.current("a"), lambda n: store.children("a", n.node_id))
+        assert [(depth, n.node_id, missing) for depth, n, missing in tree] == [
+            (0, "global-v1", 1), (1, "merge-1", 0), (2, "batch-3", 0), (2, "batch-1", 0), (2, "batch-2", 0)]
+        lines = tree_lines(tree, width=12)
+        assert lines[0] == ("global-v1 (global v1, level 3, 1 units, 2026-01-01T00:00:00Z .. 2026-01-02T00:00:00Z) "
+                            "[1 children not stored]: text of g...")
+        assert lines[3].startswith("    batch-1 (batch, level 1,")
 
 
 def facts_and_distractors(agent="a"):
