@@ -1,6 +1,6 @@
 """An agent's prompt from its live memory: the current global summary plus the nodes that match the question.
 
-    python samples/agent_prompt.py out/sample/memory.sqlite agent-0 "When does the launch happen?"
+    python samples/agent_prompt.py out/sample/memory.sqlite agent-0 "Which book does the user like?"
 
 The global summary keeps the gist of everything; recall brings back the details it had no room for.
 """
@@ -18,7 +18,8 @@ def memory_prompt(store: MemoryStore, agent_id: str, question: str, k: int = 5) 
     lines = ["You are an assistant with a long-term memory. Answer from it, and say so when it has no answer.",
              "", "What you remember overall:", current.text if current else "(nothing yet)", "",
              "Memories that match the question, most relevant first:"]
-    lines += [f"- ({hit.first_ts or '?'} to {hit.last_ts or '?'}) {hit.text}" for hit in hits] or ["- (none)"]
+    lines += [f"- ({hit.first_ts or '?'} to {hit.last_ts or '?'}) " + hit.text.replace("\n", "\n  ")
+              for hit in hits] or ["- (none)"]
     lines += ["", f"Question: {question}"]
     return "\n".join(lines)
 
