@@ -112,6 +112,20 @@ def settings(base_url: str, args: argparse.Namespace) -> list[str]:
             "job.poll_interval_ms=20", "llm.timeout_s=900"]
 
 
+def add_job_arguments(parser: argparse.ArgumentParser, latency_s: float) -> None:
+    """The provider and the job settings (see `settings`), shared by the benchmarks that run the job."""
+    parser.add_argument("--provider", choices=["scripted", "embedded"], default="scripted")
+    parser.add_argument("--base-url", help="any OpenAI-compatible endpoint (overrides --provider)")
+    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
+    parser.add_argument("--latency", type=float, default=latency_s, help="scripted provider latency per call (s)")
+    parser.add_argument("--context-window", type=int, default=8192)
+    parser.add_argument("--max-output-tokens", type=int, default=384)
+    parser.add_argument("--max-items", type=int, default=50)
+    parser.add_argument("--fan-in", type=int, default=8)
+    parser.add_argument("--concurrency", type=int, default=4)
+    parser.add_argument("--job-timeout-s", type=float, default=3600)
+
+
 def usage(stats: dict[str, float]) -> dict[str, int]:
     return {key: int(stats.get(key, 0)) for key in ("calls", "prompt_tokens", "completion_tokens")}
 
@@ -220,16 +234,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--agents", type=int, default=2)
-    parser.add_argument("--provider", choices=["scripted", "embedded"], default="scripted")
-    parser.add_argument("--base-url", help="any OpenAI-compatible endpoint (overrides --provider)")
-    parser.add_argument("--model", default="SmolLM2-135M-Instruct")
-    parser.add_argument("--latency", type=float, default=0.02, help="scripted provider latency per call (s)")
-    parser.add_argument("--context-window", type=int, default=8192)
-    parser.add_argument("--max-output-tokens", type=int, default=384)
-    parser.add_argument("--max-items", type=int, default=50)
-    parser.add_argument("--fan-in", type=int, default=8)
-    parser.add_argument("--concurrency", type=int, default=4)
-    parser.add_argument("--job-timeout-s", type=float, default=3600)
+    add_job_arguments(parser, latency_s=0.02)
     parser.add_argument("--out", type=Path, default=ROOT / "out" / "bench-strategies")
     parser.add_argument("--no-plots", action="store_true")
     args = parser.parse_args(argv)

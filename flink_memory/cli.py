@@ -1,4 +1,4 @@
-"""flink-memory: run the job locally, serve the embedded model, or submit to a cluster."""
+"""flink-memory: run the job locally, serve the embedded model, read an agent's memory (show, recall)."""
 
 from __future__ import annotations
 
@@ -239,6 +239,9 @@ def run_job(args: argparse.Namespace) -> int:
     finally:
         progress.stop()
     print(report(args.output, time.monotonic() - started))
+    store = config.store.location(args.output)
+    if store:
+        print(f"  live memory             : {store} (read it: flink-memory show|recall AGENT --store {store})")
     return 0
 
 
@@ -259,6 +262,50 @@ def serve_llm(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         pass
     server.close()
+    return 0
+
+
+# Exit codes of `show` and `recall` (0: printed); 2 is argparse's for a wrong command line.
+NO_MATCH, STORE_UNAVAILABLE, NO_MEMORY = 1, 3, 4
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"flink-memory: {message}", file=sys.stderr)
+    return code
+
+
+def read_memory(args: argparse.Namespace) -> int:
+    """`show` and `recall`: read the live-memory store; a missing store or agent is a message, not a traceback."""
+    from flink_memory.store import StoreError, open_store
+    from flink_memory.store.core import describe, recall_table, tree_lines, walk_tree
+
+    try:
+        store = open_store(args.store)
+    except StoreError as exc:
+        return _fail(STORE_UNAVAILABLE, str(exc))
+    with store:
+        if args.agent not in store.agents():
+            return _fail(NO_MEMORY, f"agent {args.agent!r} has no memory in {store.location}")
+        if args.command == "recall":
+            hits = store.recall(args.agent, args.query, k=args.k)
+            if not hits:
+                return _fail(NO_MATCH, f"nothing in the memory of {args.agent!r} matches {args.query!r}")
+            print("\n".join(h.model_dump_json() for h in hits) if args.json else "\n".join(recall_table(hits)))
+            return 0
+        current = store.current(args.agent)
+        if current is None:
+            return _fail(NO_MEMORY, f"agent {args.agent!r} has no global summary yet "
+                                    f"({len(store.nodes(args.agent))} live nodes; try recall)")
+        if current.item_count == 0:
+            return _fail(NO_MEMORY, f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)")
+        tree = walk_tree(current, lambda n: store.children(args.agent, n.node_id)) if args.tree else [(0, current, 0)]
+        if args.json:
+            print("\n".join(node.model_dump_json() for _, node, _ in tree))
+        elif args.tree:
+            print("\n".join(tree_lines(tree)))
+        else:
+            print(f"{args.agent}: {describe(current)}")
+            print(current.text)
     return 0
 
 
@@ -288,6 +335,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--threads", type=int, default=2)
     serve.add_argument("--parallel", type=int, default=4)
     serve.set_defaults(handler=serve_llm)
+    show_memory = commands.add_parser("show", help="print an agent's current memory (its live global summary)")
+    show_memory.add_argument("agent")
+    show_memory.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
+    show_memory.add_argument("--json", action="store_true", help="the node as a summaries/ JSON line")
+    show_memory.add_argument("--tree", action="store_true", help="the live tree below it (with --json: one line each)")
+    show_memory.set_defaults(handler=read_memory)
+    recall = commands.add_parser("recall", help="the agent's live summary nodes that best match a question")
+    recall.add_argument("agent")
+    recall.add_argument("query", help="a question or keywords, in plain language")
+    recall.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
+    recall.add_argument("--k", type=int, default=5, help="how many nodes (default 5)")
+    recall.add_argument("--json", action="store_true",
+                        help="JSON lines: node_id, kind, level, text, score, first_ts, last_ts")
+    recall.set_defaults(handler=read_memory)
     show = commands.add_parser("config", help="print the effective configuration and its fingerprints")
     show.add_argument("--config")
     show.add_argument("--set", dest="overrides", action="append", default=[])

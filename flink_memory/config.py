@@ -19,6 +19,8 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from flink_memory.databases import is_postgres
+
 ENV_PREFIX = "FLINK_MEMORY__"
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
 
@@ -120,6 +122,26 @@ class JournalConfig(_Section):
     drain_on_close_s: float = Field(30.0, ge=0)
 
 
+class StoreConfig(_Section):
+    enabled: bool = True
+    # SQLite path or postgresql:// URL; None: <output>/memory.sqlite
+    url: str | None = None
+
+    def location(self, output_dir: str) -> str | None:
+        """Where the job writes the live memory (None: off). A relative SQLite path is made absolute here,
+        on the client, because Python workers run in another working directory."""
+        if not self.enabled:
+            return None
+        if self.url is not None:
+            if is_postgres(self.url):
+                return self.url
+            return str(Path(self.url.removeprefix("file://")).resolve())
+        if "://" in output_dir and not output_dir.startswith("file://"):
+            raise ConfigError(f"store.url must be set when the output is not a local path ({output_dir}): a "
+                              "postgresql:// URL or a local SQLite file; or set store.enabled: false")
+        return str(Path(output_dir.removeprefix("file://")).resolve() / "memory.sqlite")
+
+
 class CheckpointingConfig(_Section):
     interval_s: float = Field(10.0, ge=0)
     dir: str | None = None
@@ -160,6 +182,7 @@ class Config(BaseModel):
     chunking: ChunkingConfig = Field(default_factory=ChunkingConfig)
     journal: JournalConfig = Field(default_factory=JournalConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
+    store: StoreConfig = Field(default_factory=StoreConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     job: JobConfig = Field(default_factory=JobConfig)
 

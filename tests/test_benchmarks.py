@@ -70,3 +70,18 @@ def test_budget_benchmark_smallest_size(tmp_path):
     assert base["over_window"] == 2  # the one-request baseline cannot be sent at this window
     assert results["ratios"]["largest_request_over_budget"] >= 0.7
     assert ours["prompt_tokens"] < 1.5 * base["prompt_tokens"]
+
+
+def test_recall_benchmark_smallest_size(tmp_path):
+    """The store finds every planted fact the summaries kept; the global alone cannot do better than the store."""
+    import recall
+
+    out = tmp_path / "recall.json"
+    assert recall.main(["--sizes", "28", "--agents", "2", "--max-items", "4", "--distractors", "3",
+                        "--mentions", "1", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    (row,) = results["rows"]
+    assert row["facts"] == 2 * (28 // 5)  # one fact per 1 + 3 distractors + 1 mention notes, per agent
+    assert row["in_any_live_node"] == 1.0  # the scripted summarizer keeps names and numbers in batch nodes
+    assert row["recall_at_k"] == 1.0 and 0 < row["recall_at_1"] <= row["recall_at_k"]
+    assert row["global_alone"] <= row["recall_at_k"] and row["live_nodes_per_agent"] >= 7 + 1

@@ -79,3 +79,18 @@ def test_missing_and_bad_files(tmp_path):
     bad.write_text("llm: [1, 2]\n")
     with pytest.raises(ConfigError, match="must be a mapping"):
         load_config(bad, environ={})
+
+
+def test_store_location_defaults_beside_the_output(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    store = load_config(None, [], environ={}).store
+    assert store.enabled and store.url is None
+    assert store.location("out") == str(tmp_path / "out" / "memory.sqlite")
+    assert store.location(f"file://{tmp_path}/o") == str(tmp_path / "o" / "memory.sqlite")
+    assert load_config(None, ["store.url=m/live.sqlite"], environ={}).store.location("s3://b/out") == str(
+        tmp_path / "m" / "live.sqlite")  # absolute on the client: workers run elsewhere
+    url = "postgresql://flink@db:5432/memory"
+    assert load_config(None, [f"store.url={url}"], environ={}).store.location("s3://b/out") == url
+    assert load_config(None, ["store.enabled=false"], environ={}).store.location("s3://b/out") is None
+    with pytest.raises(ConfigError, match="store.url must be set when the output is not a local path"):
+        store.location("s3://bucket/out")

@@ -28,6 +28,7 @@ from pyflink.datastream.connectors.file_system import (
 from flink_memory import budgets
 from flink_memory.config import Config
 from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
+from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
 
 # Operator uids are part of the savepoint contract: never change them without a migration note. The keyed
 # stages carry a "-thread" suffix in thread mode (see stage_uid).
@@ -40,6 +41,7 @@ UIDS = {
     "sink_summaries": "flink-memory-sink-summaries",
     "sink_manifests": "flink-memory-sink-manifests",
     "sink_dead_letters": "flink-memory-sink-dead-letters",
+    "sink_store": STORE_SINK_UID,
 }
 OUTPUTS = ("summaries", "manifests", "dead-letters")
 STATEFUL = ("planner", "batcher", "merger")
@@ -198,4 +200,7 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
     env = create_environment(config, output_dir, restore, rest_port)
     streams = add_memory_operators(file_source(env, input_path, follow), config, output_dir, bounded=not follow)
     add_file_sinks(streams, output_dir)
+    store_url = config.store.location(output_dir)
+    if store_url:
+        add_store_sink(streams, store_url)
     return env

@@ -15,24 +15,18 @@ from __future__ import annotations
 
 import json
 import logging
-import sqlite3
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any, NamedTuple, TypeVar
-from urllib.parse import urlsplit, urlunsplit
+from typing import Any, NamedTuple
 
 import xxhash
 
+from flink_memory.databases import PostgresConnection, is_postgres, redact_url, sqlite_connect, sqlite_path
 from flink_memory.digests import digest
 from flink_memory.llm.types import ChatResult, Journal
 
 log = logging.getLogger(__name__)
-
-POSTGRES_SCHEMES = ("postgresql://", "postgres://")
-T = TypeVar("T")
 __all__ = ["Journal", "PostgresJournal", "RowJournal", "SqliteJournal", "open_journal", "redact_url"]
 
 
@@ -149,13 +143,9 @@ class SqliteJournal(RowJournal):
 
     def __init__(self, path: str, *, max_entries: int = 1_000_000, max_age_days: float = 30.0) -> None:
         super().__init__(max_entries=max_entries, max_age_days=max_age_days)
-        self.path = Path(path.removeprefix("file://"))
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = sqlite_path(path)
         self._lock = threading.Lock()
-        self._db = sqlite3.connect(str(self.path), timeout=60, check_same_thread=False, isolation_level=None)
-        self._db.execute("PRAGMA busy_timeout = 60000")
-        self._db.execute("PRAGMA journal_mode = WAL")
-        self._db.execute("PRAGMA synchronous = NORMAL")
+        self._db = sqlite_connect(path)
         self._db.execute(
             "CREATE TABLE IF NOT EXISTS results (key TEXT PRIMARY KEY, request_digest TEXT NOT NULL, "
             "body TEXT NOT NULL, checksum TEXT NOT NULL, created REAL NOT NULL)"
@@ -196,15 +186,6 @@ class SqliteJournal(RowJournal):
             self._db.close()
 
 
-def redact_url(url: str) -> str:
-    """A connection URL fit for logs: any password replaced."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    netloc = f"{parts.username or ''}:***@{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
-    return urlunsplit(parts._replace(netloc=netloc))
-
-
 class PostgresJournal(RowJournal):
     """A table in PostgreSQL (psycopg 3) that every TaskManager shares; rows as in SqliteJournal.
 
@@ -217,38 +198,13 @@ class PostgresJournal(RowJournal):
 
     def __init__(self, url: str, *, max_entries: int = 1_000_000, max_age_days: float = 30.0) -> None:
         super().__init__(max_entries=max_entries, max_age_days=max_age_days)
-        try:
-            import psycopg
-        except ImportError:
-            raise RuntimeError(
-                "journal.path is a PostgreSQL URL but psycopg is not installed: pip install 'flink-memory[postgres]'"
-            ) from None
-        self._psycopg = psycopg
         self.url = url
-        self._lock = threading.Lock()
-        self._conn: Any = None
+        self._db = PostgresConnection(url, setting="journal.path", application_name="flink-memory journal")
+        self._run = self._db.run
         self._run(self._create_schema)
 
     def __repr__(self) -> str:
         return f"PostgresJournal({redact_url(self.url)!r})"
-
-    def _connect(self) -> Any:
-        return self._psycopg.connect(self.url, autocommit=True, connect_timeout=30,
-                                     application_name="flink-memory journal")
-
-    def _run(self, statement: Callable[[Any], T]) -> T:
-        with self._lock:
-            for attempt in (1, 2):
-                if self._conn is None or self._conn.closed:
-                    self._conn = self._connect()
-                try:
-                    return statement(self._conn)
-                except self._psycopg.OperationalError as exc:
-                    if attempt == 2 or not self._conn.closed and not self._conn.broken:
-                        raise
-                    log.warning("journal connection to %s lost (%s); reconnecting", redact_url(self.url), exc)
-                    self._conn = None
-        raise AssertionError("unreachable")
 
     def _create_schema(self, conn: Any) -> None:
         with conn.transaction():  # concurrent CREATE TABLE IF NOT EXISTS can collide in pg_type without it
@@ -287,14 +243,11 @@ class PostgresJournal(RowJournal):
         return int(self._run(lambda c: c.execute(f"SELECT COUNT(*) FROM {self.TABLE}").fetchone()[0]))
 
     def close(self) -> None:
-        with self._lock:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+        self._db.close()
 
 
 def open_journal(path: str, *, max_entries: int = 1_000_000, max_age_days: float = 30.0) -> RowJournal:
     """The journal `journal.path` names: a postgresql:// URL, else a SQLite file path."""
-    if path.startswith(POSTGRES_SCHEMES):
+    if is_postgres(path):
         return PostgresJournal(path, max_entries=max_entries, max_age_days=max_age_days)
     return SqliteJournal(path, max_entries=max_entries, max_age_days=max_age_days)

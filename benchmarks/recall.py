@@ -1,0 +1,198 @@
+"""Recall of planted facts: the store's `recall` (top k live nodes) against the agent's global summary alone.
+
+Each agent's input is a stream of notes. A planted fact is one note with a subject, a relation and an answer
+("Kamirelso paid 4821937 EUR for the boat."); its distractors are similar sentences about other subjects
+(the same templates, other names and answers), and `--mentions` further notes name the fact's subject in an
+unrelated context, so the name alone does not single out the right node. Answers are names or numbers,
+unique across the data set, so a text that holds one kept it rather than re-creating it.
+
+After the job ran (the shipped pipeline, `build_job`), every planted fact is asked as a natural question
+("How much did Kamirelso pay for the boat?"). It counts as recalled at k when its answer is in the text of one
+of the first k nodes `store.recall` returns, and as kept by the global summary when its answer is in the
+agent's current global node. "in any live node" is the ceiling for recall: the facts the summaries kept.
+
+    python benchmarks/recall.py --sizes 100 1000                                # scripted provider
+    python benchmarks/recall.py --provider embedded --sizes 40 --agents 1       # the bundled SmolLM2
+    python benchmarks/recall.py --base-url http://host:8000/v1 --model my-model --sizes 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from jobkit import batch_units, config_for, execute, write_lines  # noqa: E402
+from strategies import add_job_arguments, fact_name, provider, settings  # noqa: E402
+
+from flink_memory.cli import read_outputs  # noqa: E402
+from flink_memory.flink.pipeline import build_job  # noqa: E402
+from flink_memory.store import open_store  # noqa: E402
+
+THINGS = ["boat", "car", "piano", "tractor", "laptop", "bicycle", "camera", "sofa"]
+# (statement, question); {s} the subject, {a} the answer, {t} a thing. Answers are names or numbers.
+TEMPLATES = [
+    ("{s} paid {a} EUR for the {t}.", "How much did {s} pay for the {t}?", "number"),
+    ("{s} moved to {a} last spring.", "Where did {s} move to?", "name"),
+    ("The locker code of {s} is {a}.", "What is the locker code of {s}?", "number"),
+    ("{s} hired {a} as an assistant.", "Who did {s} hire as an assistant?", "name"),
+    ("{s} booked room {a} at the hotel.", "Which room did {s} book at the hotel?", "number"),
+]
+MENTIONS = ["{s} joined the weekly sync and listened.", "{s} asked about the schedule for the {t}.",
+            "Someone sent {s} the usual status update.", "{s} was out of the office on Friday."]
+
+
+@dataclass(frozen=True)
+class Fact:
+    agent_id: str
+    question: str
+    answer: str
+
+
+class Names:
+    """Unique invented names (never a dictionary word, so no stemming or stop list can touch them)."""
+
+    def __init__(self, rng: random.Random) -> None:
+        self.rng = rng
+        self.used: set[str] = set()
+
+    def __call__(self) -> str:
+        name = fact_name(self.rng)
+        while name in self.used:
+            name = fact_name(self.rng)
+        self.used.add(name)
+        return name
+
+
+def dataset(agents: int, items_per_agent: int, distractors: int, mentions: int,
+            seed: int = 5) -> tuple[list[dict[str, Any]], list[Fact]]:
+    """Notes per agent (facts, distractors and mentions shuffled together) and the planted facts."""
+    rng = random.Random(seed)
+    names = Names(rng)
+    numbers = iter(rng.sample(range(100_000, 10_000_000), agents * items_per_agent * 2))
+    per_fact = 1 + distractors + mentions
+    records: list[dict[str, Any]] = []
+    facts: list[Fact] = []
+
+    def answer(kind: str) -> str:
+        return names() if kind == "name" else str(next(numbers))
+
+    for a in range(agents):
+        agent = f"agent-{a}"
+        notes: list[str] = []
+        for _ in range(max(1, items_per_agent // per_fact)):
+            statement, question, kind = rng.choice(TEMPLATES)
+            subject, thing = names(), rng.choice(THINGS)
+            fact_answer = answer(kind)
+            notes.append(statement.format(s=subject, a=fact_answer, t=thing))
+            facts.append(Fact(agent, question.format(s=subject, t=thing), fact_answer))
+            for _ in range(distractors):  # the same sentence about another subject, with another answer
+                notes.append(statement.format(s=names(), a=answer(kind), t=rng.choice(THINGS)))
+            for _ in range(mentions):
+                notes.append(rng.choice(MENTIONS).format(s=subject, t=rng.choice(THINGS)))
+        while len(notes) < items_per_agent:  # pad with distractors of any template
+            statement, _, kind = rng.choice(TEMPLATES)
+            notes.append(statement.format(s=names(), a=answer(kind), t=rng.choice(THINGS)))
+        rng.shuffle(notes)
+        for i, text in enumerate(notes):
+            day, minute = 1 + i * 28 // len(notes), i % 60
+            records.append({"agent_id": agent, "id": f"n{i}", "text": text,
+                            "ts": f"2026-02-{day:02d}T09:{minute:02d}:00Z"})
+    return records, facts
+
+
+def measure(store: Any, facts: list[Fact], k: int) -> dict[str, Any]:
+    """Share of facts whose answer is in the top 1 / top k recalled nodes, in the global, in any live node."""
+    at_1 = at_k = in_global = in_any = 0
+    seconds = 0.0
+    texts = {agent: [n.text for n in store.nodes(agent)] for agent in {f.agent_id for f in facts}}
+    currents = {agent: store.current(agent) for agent in texts}
+    for fact in facts:
+        started = time.perf_counter()
+        hits = store.recall(fact.agent_id, fact.question, k=k)
+        seconds += time.perf_counter() - started
+        found = [fact.answer in hit.text for hit in hits]
+        at_1 += bool(found[:1] and found[0])
+        at_k += any(found)
+        current = currents[fact.agent_id]
+        in_global += current is not None and fact.answer in current.text
+        in_any += any(fact.answer in text for text in texts[fact.agent_id])
+    total = len(facts)
+    return {"facts": total, "recall_at_1": at_1 / total, "recall_at_k": at_k / total,
+            "global_alone": in_global / total, "in_any_live_node": in_any / total,
+            "query_ms": 1000 * seconds / total, "live_nodes_per_agent": sum(map(len, texts.values())) / len(texts)}
+
+
+def run_size(base_url: str, args: argparse.Namespace, size: int, workdir: Path) -> dict[str, Any]:
+    records, facts = dataset(args.agents, size, args.distractors, args.mentions)
+    input_path = write_lines(workdir / f"{size}-input" / "part-0.jsonl", records)
+    output = workdir / f"{size}-output"
+    config = config_for(base_url, *settings(base_url, args))
+    started = time.perf_counter()
+    execute(build_job(config, str(input_path), str(output)), f"bench-recall-{size}", timeout_s=args.job_timeout_s)
+    wall = time.perf_counter() - started
+    covered = sum(batch_units(read_outputs(str(output))["summaries"]).values())
+    if covered != len(records):
+        raise SystemExit(f"{size}: {covered} of {len(records)} notes in batch nodes")
+    with open_store(str(output / "memory.sqlite")) as store:
+        measured = measure(store, facts, args.k)
+    return {"items_per_agent": size, "wall_s": wall, **measured}
+
+
+def markdown(results: dict[str, Any]) -> str:
+    k = results["k"]
+    lines = [f"Provider: {results['provider']}, {results['agents']} agent(s), {results['distractors']} distractors "
+             f"and {results['mentions']} mentions per fact, batch {results['max_items']}, fan-in {results['fan_in']}, "
+             f"{results['max_output_tokens']} output tokens.", "",
+             f"| items/agent | facts | live nodes/agent | in any live node | store recall@1 | store recall@{k} "
+             f"| global summary alone | recall@{k} / global | query ms | job s |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for row in results["rows"]:
+        ratio = f"{row['recall_at_k'] / row['global_alone']:.1f}x" if row["global_alone"] else "n/a (global 0)"
+        lines.append(f"| {row['items_per_agent']} | {row['facts']} | {row['live_nodes_per_agent']:.0f} | "
+                     f"{row['in_any_live_node']:.2f} | {row['recall_at_1']:.2f} | {row['recall_at_k']:.2f} | "
+                     f"{row['global_alone']:.2f} | {ratio} | {row['query_ms']:.1f} | {row['wall_s']:.0f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000], help="notes per agent")
+    parser.add_argument("--agents", type=int, default=2)
+    parser.add_argument("--distractors", type=int, default=4, help="similar notes about other subjects, per fact")
+    parser.add_argument("--mentions", type=int, default=2, help="unrelated notes naming the fact's subject")
+    parser.add_argument("--k", type=int, default=5)
+    add_job_arguments(parser, latency_s=0.0)
+    parser.add_argument("--json", type=Path, help="write the numbers here")
+    args = parser.parse_args(argv)
+    results: dict[str, Any] = {"provider": args.base_url or args.provider, "agents": args.agents, "k": args.k,
+                               "distractors": args.distractors, "mentions": args.mentions,
+                               "max_items": args.max_items, "fan_in": args.fan_in,
+                               "max_output_tokens": args.max_output_tokens, "rows": []}
+    with provider(args.provider, args.base_url, args.latency, args.context_window) as base_url, \
+            tempfile.TemporaryDirectory() as tmp:
+        for size in args.sizes:
+            row = run_size(base_url, args, size, Path(tmp))
+            results["rows"].append(row)
+            print(f"[recall] {size:>6} notes/agent  facts {row['facts']:>4}  recall@1 {row['recall_at_1']:.2f}  "
+                  f"recall@{args.k} {row['recall_at_k']:.2f}  global {row['global_alone']:.2f}  "
+                  f"any node {row['in_any_live_node']:.2f}", flush=True)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+    print(markdown(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

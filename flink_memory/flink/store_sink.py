@@ -1,0 +1,47 @@
+"""The store sink: every summary node is upserted into the live-memory store as the merger emits it.
+
+Terminal and at-least-once by design: a node is written when it is produced, not when a checkpoint
+completes, and a replay after a failure writes the nodes again under the same (agent_id, node_id), which
+the store's idempotent upsert turns into the same rows (flink_memory.store). Reuse it in other jobs beside
+`add_file_sinks`: `add_store_sink(streams, "postgresql://...")`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from pyflink.datastream import DataStream, ProcessFunction, RuntimeContext
+
+from flink_memory.store import MemoryStore, open_store
+
+if TYPE_CHECKING:
+    from flink_memory.flink.pipeline import MemoryStreams
+
+# Part of the savepoint contract like flink_memory.flink.pipeline.UIDS (which lists it as sink_store).
+STORE_SINK_UID = "flink-memory-sink-store"
+
+
+class UpsertNodes(ProcessFunction):
+    """Opens the store in each subtask (creating the schema once) and upserts every node it receives."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.store: MemoryStore | None = None
+
+    def open(self, runtime_context: RuntimeContext) -> None:
+        self.store = open_store(self.url, create=True)
+
+    def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
+        assert self.store is not None
+        self.store.upsert([value])
+
+    def close(self) -> None:
+        if self.store is not None:
+            self.store.close()
+            self.store = None
+
+
+def add_store_sink(streams: MemoryStreams, url: str) -> DataStream:
+    """Write `streams.summaries` (summary-node JSON strings) into the store at `url` (SQLite path or
+    postgresql:// URL). Returns the terminal operator's (empty) stream."""
+    return streams.summaries.process(UpsertNodes(url)).name("sink-store").uid(STORE_SINK_UID)

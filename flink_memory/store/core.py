@@ -1,0 +1,143 @@
+"""The store's rules in plain Python: which nodes are live, how a question becomes a full-text query, how
+specificity weighs a match, and the live tree. The SQL stores apply them; tests check them in milliseconds.
+
+Liveness (DESIGN.md): a node is live while no written node lists it in `replaces`. The rule only asks
+whether some node replaces it, never in which order nodes arrived, so it is order-independent and a
+replayed node changes nothing.
+
+Recall ranking: relevance is the engine's full-text score of a node's text against the meaningful terms of
+the question, OR-ed (SQLite FTS5 bm25; PostgreSQL ts_rank_cd per term, weighted by the term's BM25 inverse
+document frequency among the agent's live nodes). The score is relevance x SPECIFICITY ** steps, where
+`steps` counts how far a node is above the memory units (`specificity_steps`): a batch node outranks its
+merge as long as its relevance is at least SPECIFICITY (0.8) of the merge's, and ties go to the lower step.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from flink_memory.records import SummaryNode
+
+SPECIFICITY = 0.8
+MAX_TERMS = 32
+
+# PostgreSQL's `english` stop list (Snowball), so both stores drop the same words from a question.
+STOP_WORDS = frozenset("""
+i me my myself we our ours ourselves you your yours yourself yourselves he him his himself she her hers
+herself it its itself they them their theirs themselves what which who whom this that these those am is are
+was were be been being have has had having do does did doing a an the and but if or because as until while
+of at by for with about against between into through during before after above below to from up down in out
+on off over under again further then once here there when where why how all any both each few more most
+other some such no nor not only own same so than too very s t can will just don should now
+""".split())
+
+_WORD = re.compile(r"[^\W_]+")
+
+
+class Recalled(BaseModel):
+    """One recall hit: a live node and its score (higher is better)."""
+
+    model_config = ConfigDict(frozen=True)
+
+    node_id: str
+    kind: str
+    level: int
+    text: str
+    score: float
+    first_ts: str | None = None
+    last_ts: str | None = None
+
+    @classmethod
+    def of(cls, node: SummaryNode, score: float) -> Recalled:
+        fields = node.model_dump(include={"node_id", "kind", "level", "text", "first_ts", "last_ts"})
+        return cls(**fields, score=float(f"{score:.6g}"))
+
+
+def as_node(value: SummaryNode | dict[str, Any] | str | bytes) -> SummaryNode:
+    """A node from the model, its dict, or its JSON line (as in summaries/)."""
+    if isinstance(value, SummaryNode):
+        return value
+    if isinstance(value, (str, bytes)):
+        return SummaryNode.model_validate_json(value)
+    return SummaryNode.model_validate(value)
+
+
+def query_terms(question: str) -> list[str]:
+    """The meaningful words of a question: letters and digits only (so no text can carry query syntax),
+    lower-cased, stop words dropped, first occurrence kept, at most MAX_TERMS."""
+    terms: list[str] = []
+    for word in _WORD.findall(question.lower()):
+        if word not in STOP_WORDS and word not in terms:
+            terms.append(word)
+    return terms[:MAX_TERMS]
+
+
+def fts5_query(terms: list[str]) -> str:
+    """An FTS5 MATCH expression: any of the terms, each a quoted string (FTS5 escapes `"` by doubling)."""
+    return " OR ".join('"' + term.replace('"', '""') + '"' for term in terms)
+
+
+def tsquery_term(term: str) -> str:
+    """One term for PostgreSQL's to_tsquery, quoted so that it is read as a word, never as an operator."""
+    return "'" + term.replace("'", "''").replace("\\", "\\\\") + "'"
+
+
+def specificity_steps(kind: str, level: int) -> int:
+    """Steps above the memory units: level - 1 (a batch node is 0), one more for a global node, which covers
+    everything below it (a global over batch nodes has level 2, like a merge of a few of them)."""
+    return level - 1 + (1 if kind == "global" else 0)
+
+
+def live_view(changelog: Iterable[SummaryNode | dict[str, Any] | str]) -> dict[tuple[str, str], SummaryNode]:
+    """The live nodes of a changelog (summaries/ lines, in any order), by (agent_id, node_id)."""
+    nodes = [as_node(n) for n in changelog]
+    replaced = {(n.agent_id, old) for n in nodes for old in n.replaces}
+    return {(n.agent_id, n.node_id): n for n in nodes if (n.agent_id, n.node_id) not in replaced}
+
+
+def walk_tree(root: SummaryNode, children: Callable[[SummaryNode], list[SummaryNode]]
+              ) -> list[tuple[int, SummaryNode, int]]:
+    """Depth-first (depth, node, children not stored) from `root`; `children` gives a node's stored children."""
+    out: list[tuple[int, SummaryNode, int]] = []
+    stack = [(0, root)]
+    while stack:
+        depth, node = stack.pop()
+        found = children(node) if node.kind != "batch" else []
+        out.append((depth, node, 0 if node.kind == "batch" else len(node.children) - len(found)))
+        stack.extend((depth + 1, child) for child in reversed(found))
+    return out
+
+
+def snippet(text: str, width: int) -> str:
+    """A text on one line, cut to `width` characters."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else flat[: width - 3] + "..."
+
+
+def describe(node: SummaryNode) -> str:
+    """A node in one line, without its text: id, kind, version, level, units, time range."""
+    version = f" v{node.version}" if node.version is not None else ""
+    return (f"{node.node_id} ({node.kind}{version}, level {node.level}, {node.item_count} units, "
+            f"{node.first_ts or '?'} .. {node.last_ts or '?'})")
+
+
+def tree_lines(tree: list[tuple[int, SummaryNode, int]], width: int = 100) -> list[str]:
+    """`walk_tree` output as indented lines: the node, the start of its text, children not stored."""
+    lines = []
+    for depth, node, missing in tree:
+        note = f" [{missing} children not stored]" if missing else ""
+        lines.append(f"{'  ' * depth}{describe(node)}{note}: {snippet(node.text, width)}")
+    return lines
+
+
+def recall_table(hits: list[Recalled], width: int = 80) -> list[str]:
+    """Recall hits as a table: rank, score, kind, level, node id, time range, the start of the text."""
+    rows = [("#", "score", "kind", "level", "node", "from", "to", "text")]
+    rows += [(str(i), f"{h.score:.4g}", h.kind, str(h.level), h.node_id, h.first_ts or "?", h.last_ts or "?",
+              snippet(h.text, width)) for i, h in enumerate(hits, 1)]
+    widths = [max(len(row[c]) for row in rows) for c in range(7)]
+    return ["  ".join(cell.ljust(w) for cell, w in zip(row[:7], widths)) + "  " + row[7] for row in rows]

@@ -1,0 +1,43 @@
+"""The job's store sink on a MiniCluster: after a run with an update, a deletion, a forgotten agent and a
+failure and restart on the way, the store holds exactly the live view of the changelog (replayed nodes were
+upserted onto the rows written before the failure, replaced nodes left the store)."""
+
+from collections import Counter
+
+import pytest
+from jobkit import items, run
+from scripted_server import ScriptedServer
+
+from flink_memory.store import live_view, open_store
+
+pytestmark = pytest.mark.slow
+
+
+def test_store_equals_the_live_view_of_the_changelog_after_changes_and_a_failure(tmp_path):
+    marker = tmp_path / "failed"
+    records = items(agents=3, per_agent=12)
+    records.insert(9, {"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 4711 EUR for the boat."})
+    records += [{"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 5822 EUR for the boat, corrected."},
+                {"agent_id": "agent-0", "id": "m5", "deleted": True},
+                {"agent_id": "agent-2", "forget": True}]
+    with ScriptedServer() as server:
+        out = run(tmp_path, records, server.base_url, "batching.max_items=3", "summarization.fan_in=2",
+                  "llm.max_concurrency=2", "job.parallelism=2", f"job.inject_failure=merger:6:{marker}",
+                  journal=tmp_path / "journal.sqlite")
+    assert marker.exists(), "the injected failure did not fire"
+    live = live_view(out["summaries"])
+    assert len(live) < len(out["summaries"])  # the changes replaced nodes
+    with open_store(str(tmp_path / "job-output" / "memory.sqlite")) as store:
+        assert store.agents() == ["agent-0", "agent-1", "agent-2"]
+        stored = {(n.agent_id, n.node_id): n for agent in store.agents() for n in store.nodes(agent)}
+        assert stored == live
+        for agent in store.agents():
+            globals_ = [n for (a, _), n in live.items() if a == agent and n.kind == "global"]
+            assert store.current(agent) == max(globals_, key=lambda n: n.version)
+        units = Counter(u for n in store.nodes("agent-0") if n.kind == "batch" for u in n.children)
+        assert units == Counter(f"m{i}" for i in range(12) if i != 5)  # the deleted unit is in no live node
+        hits = store.recall("agent-1", "What did Zorbatin pay for the boat?", k=3)
+        assert hits and "5822" in hits[0].text and hits[0].kind == "batch"
+        assert not any("4711" in n.text for n in store.nodes("agent-1"))  # the superseded fact left the store
+        forgotten = store.current("agent-2")
+        assert forgotten.item_count == 0 and store.nodes("agent-2") == [forgotten]
