@@ -56,7 +56,7 @@ def _get_json(url: str) -> Any:
         return json.loads(response.read())
 
 
-KINDS = ("plan", "batch", "part", "merge", "global")
+KINDS = ("calibrate", "plan", "batch", "part", "merge", "global")
 
 
 def count_lines(path: str) -> int | None:
