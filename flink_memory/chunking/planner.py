@@ -29,7 +29,8 @@ from flink_memory.records import (
     format_ts,
 )
 from flink_memory.state import StateModel
-from flink_memory.tokens import estimate_tokens, split_text
+from flink_memory.summarize.prompts import child_target, entry_room
+from flink_memory.tokens import Budget, TokenCounter, estimate_tokens, split_text
 
 # Part of the chunking fingerprint: a prompt change never reuses plans made with another prompt.
 PLANNER_PROMPT_VERSION = "planner-v1"
@@ -69,6 +70,15 @@ def chunking_policy(config: Config) -> dict[str, Any]:
 
 def chunking_fingerprint(config: Config) -> str:
     return digest(chunking_policy(config))
+
+
+def item_part_tokens(config: Config) -> int:
+    """Size of the parts a text longer than chunking.max_chunk_tokens is cut into: at most a quarter of a batch
+    request's room (by the uncalibrated estimate, so parts never depend on calibration), so that parts pack
+    four or more to a batch instead of leaving a third of each batch request empty."""
+    budget = Budget(config.llm.context_window, config.llm.max_output_tokens, TokenCounter())
+    room = entry_room(budget, "batch", child_target(budget, config.summarization.fan_in))
+    return max(32, min(config.chunking.max_chunk_tokens, room // 4))
 
 
 class PlannerRefused(RuntimeError):
@@ -140,6 +150,7 @@ class ChunkPlanner:
         self.config = config
         self.factory = factory
         self.max_tokens = config.chunking.max_chunk_tokens
+        self.part_tokens = item_part_tokens(config)
         self.fingerprint = chunking_fingerprint(config)
         self.window_tokens = config.chunking.planner_window_tokens
 
@@ -165,7 +176,7 @@ class ChunkPlanner:
         ts = format_ts(record.ts)
         if estimate_tokens(record.text) <= self.max_tokens:
             return Routed([_unit(record, record.id, record.text, ts)], None)
-        parts = split_text(record.text, self.max_tokens)
+        parts = split_text(record.text, self.part_tokens)
         chunks = [{"index": k, "start": k, "end": k, "text": part, "tokens": estimate_tokens(part),
                    "oversized": False} for k, part in enumerate(parts)]
         manifest = build_manifest(agent_id=record.agent_id, source_id=record.id,

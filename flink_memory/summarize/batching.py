@@ -12,7 +12,7 @@ from typing import Any
 from flink_memory.config import Config
 from flink_memory.records import MemoryUnit
 from flink_memory.state import StateModel
-from flink_memory.summarize.prompts import Packer, child_target, entry_room
+from flink_memory.summarize.prompts import Packer, child_target
 from flink_memory.tokens import Budget
 
 
@@ -30,8 +30,10 @@ class BatchLimits:
 
     @classmethod
     def from_config(cls, config: Config, budget: Budget) -> BatchLimits:
+        from flink_memory.summarize.reduce import entry_limit
+
         target = child_target(budget, config.summarization.fan_in)
-        room = entry_room(budget, "batch", target)
+        room = entry_limit(budget, "batch")
         wanted = config.batching.max_tokens
         return cls(config.batching.max_items, min(room, wanted) if wanted else room, target)
 

@@ -33,6 +33,14 @@ MAX_REJECTIONS = 8  # length rejections re-packed before the job waits like any 
 _TARGET_SLACK = 2  # the target's digits in the system prompt may differ between rounds
 
 
+def entry_limit(budget: Budget, purpose: Purpose, scale: float | None = None) -> int:
+    """Tokens the entries of one request of `purpose` may take, whichever round it turns out to be in: what
+    the batcher fills a batch to, so that a batch it closes is always one request."""
+    out = budget.max_output_tokens
+    round_purpose: Purpose = "part" if purpose == "batch" else purpose
+    return min(entry_room(budget, purpose, out, scale), entry_room(budget, round_purpose, out, scale)) - _TARGET_SLACK
+
+
 class ReductionStalled(RuntimeError):
     """Summaries stopped getting shorter: the model returns outputs as long as its inputs."""
 
@@ -72,9 +80,7 @@ class ReduceJob(StateModel):
     def _plan(self, budget: Budget) -> tuple[bool, list[list[dict[str, Any]]]]:
         if self.scale is None:
             self.scale = budget.counter.scale
-        out = budget.max_output_tokens
-        room = min(entry_room(budget, self.purpose, out, self.scale),
-                   entry_room(budget, self._round_purpose, out, self.scale)) - _TARGET_SLACK
+        room = entry_limit(budget, self.purpose, self.scale)
         expanded: list[dict[str, Any]] = []
         for entry in self.entries:
             alone = Packer(budget.counter, self.scale)
