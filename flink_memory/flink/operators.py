@@ -127,8 +127,7 @@ class StageFunction(KeyedProcessFunction):
         self.config = Config.model_validate_json(self.config_json)
         self.runtime = acquire_runtime(self.config, self.output_dir)
         self.pool = self.runtime.pool
-        self.core = CORES[self.stage](self.config, self.runtime.factory, **(
-            {} if self.stage == "planner" else {"bounded": self.bounded}))
+        self.core = CORES[self.stage](self.config, self.runtime.factory, bounded=self.bounded)
         schema = self.core.schema
         values = {name: runtime_context.get_state(ValueStateDescriptor(name, Types.STRING()))
                   for name in [*schema.values, *schema.legacy_values]}

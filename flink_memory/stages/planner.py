@@ -110,7 +110,8 @@ class PlannerCore:
                          maps={QUEUE: QueuedRecord, SOURCES: SourceEntry, PLANS: PlanEntry},
                          legacy_values=(LEGACY_QUEUE,))
 
-    def __init__(self, config: Config, factory: RequestFactory) -> None:
+    def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
+        """`bounded` is the stages' common signature; the planner has no timeouts to skip."""
         self.config = config
         self.planner = ChunkPlanner(config, factory)
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
