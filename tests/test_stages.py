@@ -333,3 +333,21 @@ def test_a_tampered_plan_in_progress_fails_closed():
 
 def _raiser(request):
     raise LLMCallError("provider down for now")
+
+
+def test_every_retention_mode_traces_a_global_to_its_batches_through_written_nodes():
+    for retention in ("all", "batch_and_global"):
+        pipeline = Pipeline(cfg("batching.max_items=2", "summarization.fan_in=2",
+                                f"summarization.retention={retention}"))
+        pipeline.feed(*[item("a", i) for i in range(9)]).end()
+        written = {n["node_id"]: n for n in pipeline.summaries}
+        reached, frontier = set(), [pipeline.current("a")["node_id"]]
+        while frontier:
+            node = written[frontier.pop()]
+            for child in node["children"]:
+                if node["kind"] != "batch":
+                    assert child in written, (retention, child)
+                    frontier.append(child)
+            if node["kind"] == "batch":
+                reached.add(node["node_id"])
+        assert reached == {n["node_id"] for n in pipeline.nodes("batch")}, retention

@@ -13,8 +13,23 @@ from flink_memory.store import live_view, open_store
 pytestmark = pytest.mark.slow
 
 
-def test_store_equals_the_live_view_of_the_changelog_after_changes_and_a_failure(tmp_path):
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_store_equals_the_live_view_of_the_changelog_after_changes_and_a_failure(tmp_path, request, backend):
+    """The same on the default SQLite store and on a real PostgreSQL server (tests/pgserver.py)."""
     marker = tmp_path / "failed"
+    url = str(tmp_path / "job-output" / "memory.sqlite")
+    settings = ()
+    if backend == "postgresql":
+        import uuid
+
+        import psycopg
+
+        base = request.getfixturevalue("postgres_url")
+        database = f"store_job_{uuid.uuid4().hex[:8]}"  # a database of its own: no other test's agents
+        with psycopg.connect(base, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {database}")
+        url = base.rsplit("/", 1)[0] + "/" + database
+        settings = (f"store.url={url}",)
     records = items(agents=3, per_agent=12)
     records.insert(9, {"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 4711 EUR for the boat."})
     records += [{"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 5822 EUR for the boat, corrected."},
@@ -22,12 +37,12 @@ def test_store_equals_the_live_view_of_the_changelog_after_changes_and_a_failure
                 {"agent_id": "agent-2", "forget": True}]
     with ScriptedServer() as server:
         out = run(tmp_path, records, server.base_url, "batching.max_items=3", "summarization.fan_in=2",
-                  "llm.max_concurrency=2", "job.parallelism=2", f"job.inject_failure=merger:6:{marker}",
+                  "llm.max_concurrency=2", "job.parallelism=2", f"job.inject_failure=merger:6:{marker}", *settings,
                   journal=tmp_path / "journal.sqlite")
     assert marker.exists(), "the injected failure did not fire"
     live = live_view(out["summaries"])
     assert len(live) < len(out["summaries"])  # the changes replaced nodes
-    with open_store(str(tmp_path / "job-output" / "memory.sqlite")) as store:
+    with open_store(url) as store:
         assert store.agents() == ["agent-0", "agent-1", "agent-2"]
         stored = {(n.agent_id, n.node_id): n for agent in store.agents() for n in store.nodes(agent)}
         assert stored == live

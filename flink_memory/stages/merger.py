@@ -284,6 +284,8 @@ class MergerCore:
             return
         state.set(GLOBAL, None)
         node = self._parent_node(state.key, pending, "global", text)
+        if self.keep == KEEP["batch_and_global"]:  # its merges are not written: name the batches it covers
+            node = node.model_copy(update={"children": tree.live_batch_ids()})
         tree.global_done([c.node_id for c in pending.children], node.version or 0)
         clock.last_global_ms = now_ms
         effects.counts["globals"] += 1
@@ -320,7 +322,7 @@ class MergerCore:
         for name in (NODES, MERGES):
             state.clear_map(name)
         state.set(GLOBAL, None)
-        tree.levels, tree.global_children = [], []
+        tree.levels, tree.global_children, tree.first_batch = [], [], tree.last_batch + 1
         node_id, version = tree.next_global_id()
         tree.global_done([], version)
         node = SummaryNode(agent_id=state.key, node_id=node_id, kind="global", level=1, children=[], text="",

@@ -74,6 +74,15 @@ class SummaryTree(StateModel):
     # every id written: batches 1..last_batch, merges by merges_per_level, globals by version, and revisions
     last_batch: int = 0
     revised: dict[str, int] = Field(default_factory=dict)
+    first_batch: int = 1  # the first batch of the memory as it is now (after a forget, the next one)
+
+    def live_batch_ids(self) -> list[str]:
+        """The live id of every batch of the current memory (the latest revision of each), oldest first."""
+        ids = []
+        for seq in range(self.first_batch, self.last_batch + 1):
+            base = f"batch-{seq:06d}"
+            ids.append(f"{base}-r{self.revised[base]}" if base in self.revised else base)
+        return ids
 
     def note_id(self, node_id: str) -> None:
         base, number = revision_of(node_id)
