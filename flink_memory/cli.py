@@ -208,9 +208,22 @@ def start_local_model(config: Config) -> EmbeddedServer | None:
     return server
 
 
+def _quiet_shutdown(hook: Any = threading.excepthook) -> None:
+    """Hide PyFlink's process-mode shutdown noise: the Beam data-plane thread of the local Python worker
+    reports its gRPC stream cancelled ("Multiplexer hanging up") when the job ends. Other errors still show."""
+
+    def excepthook(args: Any) -> None:
+        if "Multiplexer hanging up" in str(args.exc_value) or "StatusCode.CANCELLED" in str(args.exc_value):
+            return
+        hook(args)
+
+    threading.excepthook = excepthook
+
+
 def run_job(args: argparse.Namespace) -> int:
     from flink_memory.flink.pipeline import build_job
 
+    _quiet_shutdown()
     config = job_config(args)
     if config.llm.api_key_file:  # local workers read the same file: refuse now, not after every restart
         resolve_api_key(config.llm)

@@ -147,7 +147,9 @@ class StateTransaction:
         self._dirty_values.add(name)
 
     def legacy(self, name: str) -> str | None:
-        return self.backend.read(name)
+        """A release 0.1.0 value of this key. A backend may say it has none without reading (`read_legacy`)."""
+        read_legacy = getattr(self.backend, "read_legacy", None)
+        return read_legacy(name, self.key) if read_legacy is not None else self.backend.read(name)
 
     def clear_legacy(self, name: str) -> None:
         self._values[name] = None

@@ -89,9 +89,19 @@ class _FlinkState:
 
     def __init__(self, values: dict[str, Any], maps: dict[str, Any]) -> None:
         self.values, self.maps = values, maps
+        self.no_legacy: set[tuple[str, str]] = set()  # (state, key) known to hold no release 0.1.0 value
 
     def read(self, name: str) -> str | None:
         return self.values[name].value()
+
+    def read_legacy(self, name: str, key: str) -> str | None:
+        """Old values are read once per key and subtask: after that they are migrated or absent for good."""
+        if (name, key) in self.no_legacy:
+            return None
+        raw = self.read(name)
+        if raw is None:
+            self.no_legacy.add((name, key))
+        return raw
 
     def write(self, name: str, raw: str | None) -> None:
         if raw is None:
@@ -140,6 +150,7 @@ class StageFunction(KeyedProcessFunction):
         self.pending: dict[str, tuple[list[str], int | None]] = {}
         self.signalled: set[str] = set()  # agents whose end of input went downstream
         self.armed: set[str] = set()  # agents whose end-of-input timers this subtask has registered
+        self.timers: dict[str, set[int]] = {}  # per agent, times of timers registered and not yet due
         self.activations = 0
         self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
@@ -287,10 +298,19 @@ class StageFunction(KeyedProcessFunction):
         self._set_timer(ctx, at if at is not None else now + self.recheck_ms)
         # a key with work left also holds the next recheck grid point: a restored key resumes even without
         # input, and a deadline computed under an older config is looked at again
-        timers.register_processing_time_timer(now - now % self.recheck_ms + self.recheck_ms)
+        self._set_timer(ctx, now - now % self.recheck_ms + self.recheck_ms)
 
     def _set_timer(self, ctx: Any, at_ms: int) -> None:
-        ctx.timer_service().register_processing_time_timer(max(at_ms, 1))
+        """Register a processing-time timer, unless this key already holds one at that time (Flink keeps one
+        per key and time anyway: this saves the call into the JVM on every record)."""
+        at_ms = max(at_ms, 1)
+        now = ctx.timer_service().current_processing_time()
+        times = self.timers.setdefault(ctx.get_current_key(), set())
+        if at_ms in times and at_ms > now:
+            return
+        times.difference_update([t for t in times if t <= now])
+        times.add(at_ms)
+        ctx.timer_service().register_processing_time_timer(at_ms)
 
     def _level(self, name: str, value: int) -> None:
         """A counter that tracks a current value (calls in flight, agents pending) in this subtask."""
