@@ -61,20 +61,8 @@ class Message(BaseModel):
         return self.model_dump(mode="json")
 
 
-class _InputBase(_Strict):
-    agent_id: Identifier
-    id: Identifier
+class _Timestamped(_Strict):
     ts: datetime | None = None
-    metadata: dict[str, Any] = Field(default_factory=dict)
-
-    @field_validator("agent_id", "id")
-    @classmethod
-    def _no_control_chars(cls, value: str) -> str:
-        if not value.strip():
-            raise ValueError("must not be blank")
-        if _CONTROL.search(value):
-            raise ValueError("must not contain control characters")
-        return value
 
     @field_validator("ts", mode="before")
     @classmethod
@@ -88,6 +76,26 @@ class _InputBase(_Strict):
     @field_serializer("ts")
     def _ts_out(self, value: datetime | None) -> str | None:
         return format_ts(value)
+
+
+class _Keyed(_Timestamped):
+    """Every input record names its agent (and all but a forget, a record id): printable, not blank."""
+
+    agent_id: Identifier
+
+    @field_validator("agent_id", "id", check_fields=False)
+    @classmethod
+    def _no_control_chars(cls, value: str) -> str:
+        if not value.strip():
+            raise ValueError("must not be blank")
+        if _CONTROL.search(value):
+            raise ValueError("must not contain control characters")
+        return value
+
+
+class _InputBase(_Keyed):
+    id: Identifier
+    metadata: dict[str, Any] = Field(default_factory=dict)
 
 
 class MemoryItem(_InputBase):
@@ -119,41 +127,19 @@ class TrustedConversation(_InputBase):
     chunks: Annotated[list[Annotated[list[Message], Field(min_length=1)]], Field(min_length=1)]
 
 
-class Deletion(_Strict):
+class Deletion(_Keyed):
     """`{"agent_id": A, "id": R, "deleted": true}`: retract record R of agent A."""
 
     kind: Literal["deletion"] = "deletion"
-    agent_id: Identifier
     id: Identifier
     deleted: Literal[True]
-    ts: datetime | None = None
-
-    @field_validator("ts", mode="before")
-    @classmethod
-    def _rfc3339(cls, value: Any) -> Any:
-        return _InputBase._rfc3339(value)
-
-    @field_serializer("ts")
-    def _ts_out(self, value: datetime | None) -> str | None:
-        return format_ts(value)
 
 
-class Forget(_Strict):
+class Forget(_Keyed):
     """`{"agent_id": A, "forget": true}`: drop everything of agent A."""
 
     kind: Literal["forget"] = "forget"
-    agent_id: Identifier
     forget: Literal[True]
-    ts: datetime | None = None
-
-    @field_validator("ts", mode="before")
-    @classmethod
-    def _rfc3339(cls, value: Any) -> Any:
-        return _InputBase._rfc3339(value)
-
-    @field_serializer("ts")
-    def _ts_out(self, value: datetime | None) -> str | None:
-        return format_ts(value)
 
 
 Content = MemoryItem | Conversation | TrustedConversation

@@ -158,3 +158,20 @@ def test_fuzz_record_shapes_and_truncation(obj, cut):
 def test_fuzz_deep_nesting(depth):
     _check_total('{"agent_id": "a", "id": "1", "text": "x", "metadata": ' + '{"k": ' * depth + "1" + "}" * depth + "}")
     _check_total("[" * depth)
+
+
+def test_deletions_and_forget_records_parse_strictly():
+    from flink_memory.records import Deletion, Forget
+
+    assert isinstance(parse_line('{"agent_id": "a", "id": "m1", "deleted": true}'), Deletion)
+    assert isinstance(parse_line('{"agent_id": "a", "forget": true, "ts": "2026-01-01T00:00:00Z"}'), Forget)
+    for line, reason in [
+        ('{"agent_id": "a", "id": "m1", "deleted": true, "text": "x"}', "carries no content"),
+        ('{"agent_id": "a", "deleted": true}', "id: Field required"),
+        ('{"agent_id": "a", "forget": false}', "forget: Input should be True"),
+        ('{"agent_id": "a", "id": "m1", "forget": true}', "Extra inputs are not permitted"),
+        ('{"agent_id": "a\\u0007", "forget": true}', "control characters"),
+        ('{"agent_id": "a", "id": "m1", "deleted": true, "forget": true}', "nothing else"),
+    ]:
+        dead = parse_line(line)
+        assert isinstance(dead, DeadLetter) and reason in dead.reason, (line, dead)

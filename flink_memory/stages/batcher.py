@@ -249,17 +249,13 @@ class BatcherCore:
             if home.batch is None:
                 state.put(UNITS, _key(home.seq), None)
                 continue
-            pending = state.entry(BATCHES, _key(home.batch))
-            if pending is not None:
-                pending.units = [u for u in pending.units if u.unit_id != unit_id]
-                state.put(BATCHES, _key(home.batch), pending)
-                touched_pending.add(home.batch)
-                continue
-            done = state.entry(DONE, _key(home.batch))
-            if done is not None:
-                done.units = [u for u in done.units if u.unit_id != unit_id]
-                state.put(DONE, _key(home.batch), done)
-                touched_done.add(home.batch)
+            for name, touched in ((BATCHES, touched_pending), (DONE, touched_done)):  # pending, else emitted
+                batch = state.entry(name, _key(home.batch))
+                if batch is not None:
+                    batch.units = [u for u in batch.units if u.unit_id != unit_id]
+                    state.put(name, _key(home.batch), batch)
+                    touched.add(home.batch)
+                    break
         for seq in sorted(touched_pending):
             pending = state.entry(BATCHES, _key(seq))
             if not pending.units:

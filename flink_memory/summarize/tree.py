@@ -39,8 +39,7 @@ class ChildRef(BaseModel):
 
     @classmethod
     def of(cls, node: SummaryNode) -> ChildRef:
-        return cls(node_id=node.node_id, level=node.level, item_count=node.item_count, first_ts=node.first_ts,
-                   last_ts=node.last_ts)
+        return cls(**node.model_dump(include=set(cls.model_fields)))
 
 
 class Slot(BaseModel):
