@@ -64,6 +64,8 @@ class EmbeddedServer:
         params.hostnames = [host]
         params.cpuparams.n_threads = threads
         params.cpuparams_batch.n_threads = threads
+        # llama.cpp prints timings of every request to stderr; only with FLINK_MEMORY_LOG=INFO (or DEBUG)
+        params.verbosity = 3 if log.isEnabledFor(logging.INFO) else -1
         self.model_path = path
         self._server: Any = xllamacpp.Server(params)
         self.base_url = str(self._server.listening_address).rstrip("/").replace("0.0.0.0", "127.0.0.1")
