@@ -150,15 +150,17 @@ def repeated_after_kill(spans: list[tuple[float, float, dict[str, Any]]], killed
     """(repeated calls, repeated calls whose first answer had arrived before the kill).
 
     After a process is killed, a request may come again only if its first answer never reached a live
-    process, i.e. the call was in flight at the kill; `slack_s` covers an answer being journaled."""
+    process, i.e. the call was in flight at the kill; `slack_s` covers an answer being journaled. Only
+    requests sent after the kill count: before it, two TaskManagers starting at once can each send the
+    token-calibration request (both look in the journal before either has its answer)."""
     first: dict[str, tuple[float, float]] = {}
     repeated = []
     for start, end, body in sorted(spans, key=lambda s: s[0]):
         key = json.dumps(body, sort_keys=True)
-        if key in first:
-            repeated.append(first[key])
-        else:
+        if key not in first:
             first[key] = (start, end)
+        elif start >= killed_at:
+            repeated.append(first[key])
     return len(repeated), sum(1 for _, end in repeated if end < killed_at - slack_s)
 
 
