@@ -239,36 +239,53 @@ def open_tokenizer(spec: str, base_url: str | None, provider: str, model: str) -
 # --- calibration ------------------------------------------------------------------------------------------
 
 
+# A part request carries slices of item text, as a batch request does: they calibrate together.
+_KIND_GROUPS = {"part": "batch"}
+
+
 @dataclass
 class Calibration:
-    """Learns how the provider's count relates to ours from `usage.prompt_tokens`.
+    """Learns how the provider's count relates to ours from `usage.prompt_tokens`, per request kind.
 
-    The scale is the largest ratio seen (provider count / our count), plus `margin`, rounded up to 1/64 so it
-    changes in few steps; it never goes below `floor`. Before any report it is `initial` (1 for the
-    estimate, its upper bound). A provider that rejects a request for its length raises the scale to the
-    count it reported.
+    Our estimate errs by a different factor on item text, on summaries and on plan lines, so each kind keeps
+    the largest ratio seen (provider count / our count) for its own requests; a kind with no report yet uses
+    the largest ratio of any kind (the start-up calibration request included), so it starts conservative.
+    The scale is that ratio plus `margin`, rounded up to 1/64 so it changes in few steps, never below
+    `floor`; before any report it is `initial` (1 for the estimate, its upper bound). A provider that
+    rejects a request for its length raises its kind's ratio to the count it reported.
     """
 
     initial: float = 1.0
     margin: float = 0.05
     floor: float = 0.1
-    observed: float | None = None
+    ratios: dict[str, float] = field(default_factory=dict)
     reports: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
+    def ratio(self, kind: str | None = None) -> float | None:
+        """The ratio requests of `kind` are packed with; None before any report."""
+        own = self.ratios.get(_KIND_GROUPS.get(kind, kind)) if kind else None
+        return own if own is not None else max(self.ratios.values(), default=None)
+
+    def scale_for(self, kind: str | None = None) -> float:
+        """The factor from raw counts to the provider's tokens for requests of `kind` (None: any kind)."""
+        ratio = self.ratio(kind)
+        if ratio is None:
+            return self.initial
+        return max(self.floor, math.ceil(ratio * (1 + self.margin) * 64) / 64)
+
     @property
     def scale(self) -> float:
-        if self.observed is None:
-            return self.initial
-        return max(self.floor, math.ceil(self.observed * (1 + self.margin) * 64) / 64)
+        """The most conservative scale: the largest ratio of any kind."""
+        return self.scale_for(None)
 
-    def observe(self, ours: int, reported: int) -> None:
+    def observe(self, ours: int, reported: int, kind: str = "") -> None:
         if ours <= 0 or reported <= 0:
             return
+        group = _KIND_GROUPS.get(kind, kind)
         with self._lock:
-            ratio = reported / ours
             self.reports += 1
-            self.observed = ratio if self.observed is None else max(self.observed, ratio)
+            self.ratios[group] = max(self.ratios.get(group, 0.0), reported / ours)
 
 
 # --- counting and budgets ---------------------------------------------------------------------------------
@@ -291,8 +308,12 @@ class TokenCounter:
 
     @property
     def scale(self) -> float:
-        """Factor from raw counts to the provider's tokens (1 for an exact tokenizer with no reports)."""
+        """Factor from raw counts to the provider's tokens, the largest of any kind (1 with no reports)."""
         return self.calibration.scale
+
+    def scale_for(self, kind: str) -> float:
+        """Factor from raw counts to the provider's tokens for requests of `kind` (plan, batch, merge...)."""
+        return self.calibration.scale_for(kind)
 
     def raw(self, text: str) -> int:
         key = xxhash.xxh3_64_digest(text.encode("utf-8", errors="surrogatepass"))
@@ -321,9 +342,9 @@ class TokenCounter:
     def request(self, messages: Iterable[Mapping[str, Any]], scale: float | None = None) -> int:
         return math.ceil(self.raw_request(messages) * (self.scale if scale is None else scale))
 
-    def observe(self, messages: Iterable[Mapping[str, Any]], reported_prompt_tokens: int) -> None:
+    def observe(self, messages: Iterable[Mapping[str, Any]], reported_prompt_tokens: int, kind: str = "") -> None:
         """Learn from the provider's usage report (and from its count in a length rejection)."""
-        self.calibration.observe(self.raw_request(messages), reported_prompt_tokens)
+        self.calibration.observe(self.raw_request(messages), reported_prompt_tokens, kind)
 
 
 def make_calibration(tokenizer: Tokenizer) -> Calibration:

@@ -1,5 +1,7 @@
 """Counting like the provider: tokenizers, calibration from usage reports, length rejections and cut answers."""
 
+import math
+
 import pytest
 from scripted_server import Reply, ScriptedServer, chars_per_token, prompt_count
 
@@ -7,6 +9,7 @@ from flink_memory.config import load_config
 from flink_memory.llm.client import LLMClient
 from flink_memory.llm.pool import CallPool
 from flink_memory.stages.calls import RetryPolicy, run_to_end
+from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
 from flink_memory.summarize.prompts import lines_for, messages_for
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.tokens import (
@@ -55,6 +58,47 @@ def test_calibration_converges_to_the_providers_count(chars):
             messages = request_for(client, k, repeat=3 + k % 5).message_dicts()
             ours, theirs = client.counter.request(messages), prompt_count(messages, chars_per_token(chars))
             assert theirs <= ours <= 1.15 * theirs, (k, ours, theirs)
+
+
+def test_each_request_kind_is_packed_by_its_own_ratio_and_an_unseen_kind_by_the_largest():
+    """The start-up probe reads higher than item text here: batches must not be packed by its ratio for ever."""
+    calibration = make_calibration(EstimateTokenizer())
+    assert calibration.scale_for("batch") == calibration.scale == 1.0  # the upper bound before any report
+    calibration.observe(400, 180, "calibrate")
+    probe = math.ceil(0.45 * 1.05 * 64) / 64
+    assert calibration.scale_for("batch") == calibration.scale_for("merge") == probe
+    calibration.observe(1000, 350, "batch")
+    assert calibration.scale_for("batch") == calibration.scale_for("part") == math.ceil(0.35 * 1.05 * 64) / 64
+    assert calibration.scale_for("merge") == calibration.scale == probe  # no merge report yet: conservative
+    calibration.observe(1000, 380, "part")  # parts carry item text: they raise the batch ratio
+    assert calibration.scale_for("batch") == math.ceil(0.38 * 1.05 * 64) / 64
+    calibration.observe(100, 60, "merge")
+    assert calibration.scale_for("merge") == calibration.scale == math.ceil(0.6 * 1.05 * 64) / 64
+    assert calibration.scale_for("batch") == math.ceil(0.38 * 1.05 * 64) / 64
+
+
+def test_batches_fill_the_budget_once_the_provider_has_reported_on_batches():
+    """A chars/4 provider: after the probe and one batch, a closed batch fills >= 0.85 of the prompt budget."""
+    with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(4)) as server:
+        config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "batching.max_items=1000")
+        client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=256")
+        client.calibrate()
+        budget, factory = client.budget, client.requests
+        limits = BatchLimits.from_config(config, budget)
+        # numbers and references: our estimate overcounts these more than the probe's prose
+        units = [unit_entry({"text": f"{SENTENCES[k % 3].format(k=k)} Paid {k * 37 % 9000} EUR, ref {k * 7919}.",
+                             "ts": f"2026-03-{1 + k // 40:02d}T10:00:00Z"}) for k in range(400)]
+        sizes = []
+        buffer = BatchBuffer()
+        for entry in units:
+            for batch in buffer.add(entry, limits, 0, budget):  # sequence numbers are indices into units
+                job = ReduceJob(purpose="batch", entries=units[batch.start:batch.stop])
+                [request] = job.requests(factory)
+                client.complete(request)
+                sizes.append(prompt_count(request.message_dicts(), chars_per_token(4)))
+        room = 2048 - 256
+        assert len(sizes) >= 3 and max(sizes) <= room
+        assert min(sizes[1:-1]) >= 0.85 * room, sizes  # the first was packed by the probe's ratio
 
 
 def test_a_length_rejection_is_repacked_smaller_and_never_lost():

@@ -125,7 +125,7 @@ class PlanJob(StateModel):
         if self.rejections >= MAX_REJECTIONS:
             return False
         self.rejections += 1
-        self.scale = max((self.scale or 1.0) * 1.25, task.planner.factory.counter.scale)
+        self.scale = max((self.scale or 1.0) * 1.25, task.planner.factory.counter.scale_for("plan"))
         return True
 
 
@@ -231,7 +231,7 @@ class ChunkPlanner:
     def _window(self, prepared: Prepared, job: PlanJob) -> tuple[int, list[str]]:
         """Exchanges from the cursor that fit one planning request; returns the window's last index."""
         if job.scale is None:
-            job.scale = self.factory.counter.scale
+            job.scale = self.factory.counter.scale_for("plan")
         cursor, last = job.cursor, len(prepared.exchanges) - 1
         room, preview = self.line_room(job.scale), self.preview_tokens(job.scale)
         lines: list[str] = []

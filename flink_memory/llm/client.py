@@ -232,10 +232,10 @@ class LLMClient:
             if cached is not None:
                 self.stats.add(journal_hits=1)
                 if cached.prompt_tokens:  # the provider's count from when it was made still calibrates
-                    self.counter.observe(messages, cached.prompt_tokens)
+                    self.counter.observe(messages, cached.prompt_tokens, request.kind)
                 return replace(cached, kind=request.kind)
         try:  # the counter may have learned since the request was packed: never send what may not fit
-            estimate = self.budget.check(messages, request.max_tokens)
+            estimate = self.budget.check(messages, request.max_tokens, self.counter.scale_for(request.kind))
         except RequestTooLarge as exc:
             self.stats.add(context_rejections=1)
             raise ContextOverflow(f"not sent: {exc}") from None
@@ -264,7 +264,7 @@ class LLMClient:
                 too_long, reported = length_rejection(exc)
                 if too_long:
                     self.stats.add(context_rejections=1)
-                    self.counter.observe(messages, reported or estimate + estimate // 4 + 1)
+                    self.counter.observe(messages, reported or estimate + estimate // 4 + 1, request.kind)
                     raise ContextOverflow(f"provider rejected the prompt for its length: {_safe_message(exc)}") \
                         from None
                 raise LLMCallError(f"{type(exc).__name__}: {_safe_message(exc)}") from None
@@ -288,7 +288,7 @@ class LLMClient:
             kind=request.kind,
         )
         if prompt_tokens:
-            self.counter.observe(messages, prompt_tokens)
+            self.counter.observe(messages, prompt_tokens, request.kind)
         self.stats.count_kind(request.kind)
         self.stats.add(
             calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed,

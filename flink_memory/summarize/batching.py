@@ -6,7 +6,7 @@ by sequence number, so adding a unit reads and writes one entry, never the whole
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from flink_memory.config import Config
@@ -22,20 +22,27 @@ def unit_entry(unit: MemoryUnit | dict[str, Any]) -> dict[str, Any]:
     return {"text": data["text"], "from": data.get("ts"), "to": data.get("ts")}
 
 
-@dataclass(frozen=True)
+@dataclass
 class BatchLimits:
     max_items: int
-    max_tokens: int
+    configured_tokens: int | None  # batching.max_tokens; None: as much as one request holds
     target_tokens: int  # summary length asked of a batch, so that fan_in of them fit one merge
+    _rooms: dict[float, int] = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def from_config(cls, config: Config, budget: Budget) -> BatchLimits:
+        return cls(config.batching.max_items, config.batching.max_tokens or None,
+                   child_target(budget, config.summarization.fan_in))
+
+    def max_tokens(self, budget: Budget) -> int:
+        """Item tokens one batch may take at the current batch scale (the room follows the calibration)."""
         from flink_memory.summarize.reduce import entry_limit
 
-        target = child_target(budget, config.summarization.fan_in)
-        room = entry_limit(budget, "batch")
-        wanted = config.batching.max_tokens
-        return cls(config.batching.max_items, min(room, wanted) if wanted else room, target)
+        scale = budget.counter.scale_for("batch")
+        if scale not in self._rooms:
+            room = entry_limit(budget, "batch", scale)
+            self._rooms[scale] = min(room, self.configured_tokens) if self.configured_tokens else room
+        return self._rooms[scale]
 
 
 class BatchBuffer(StateModel):
@@ -59,8 +66,9 @@ class BatchBuffer(StateModel):
         larger than the whole budget is a batch of its own (the reduce job splits its text).
         """
         closed: list[range] = []
+        max_tokens = limits.max_tokens(budget)
         cost = self._packer(budget).cost(entry)
-        if self.count and self.tokens + cost > limits.max_tokens:
+        if self.count and self.tokens + cost > max_tokens:
             closed.append(self.take())
             cost = self._packer(budget).cost(entry)
         if not self.count:
@@ -68,13 +76,13 @@ class BatchBuffer(StateModel):
         self.count += 1
         self.tokens += cost
         self.last = {"from": entry.get("from"), "to": entry.get("to"), "text": ""}
-        if self.count >= limits.max_items or self.tokens >= limits.max_tokens:
+        if self.count >= limits.max_items or self.tokens >= max_tokens:
             closed.append(self.take())
         return closed
 
     def _packer(self, budget: Budget) -> Packer:
         """A packer positioned after the buffered units (only the last one's date matters)."""
-        return Packer.after(budget.counter, self.count, self.tokens, self.last)
+        return Packer.after(budget.counter, self.count, self.tokens, self.last, budget.counter.scale_for("batch"))
 
     def take(self) -> range:
         taken = range(self.first, self.first + self.count)

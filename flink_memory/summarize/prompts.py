@@ -101,9 +101,10 @@ class Packer:
         return cost
 
     @classmethod
-    def after(cls, counter: TokenCounter, count: int, used: int, last: dict[str, Any] | None) -> Packer:
+    def after(cls, counter: TokenCounter, count: int, used: int, last: dict[str, Any] | None,
+              scale: float | None = None) -> Packer:
         """A packer positioned after `count` entries of `used` tokens, the last of them `last`."""
-        packer = cls(counter)
+        packer = cls(counter, scale)
         packer.count, packer.used = count, used
         packer._date = entry_date(last) if last is not None else None
         return packer

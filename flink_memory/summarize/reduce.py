@@ -79,7 +79,7 @@ class ReduceJob(StateModel):
 
     def _plan(self, budget: Budget) -> tuple[bool, list[list[dict[str, Any]]]]:
         if self.scale is None:
-            self.scale = budget.counter.scale
+            self.scale = budget.counter.scale_for(self.purpose)
         room = entry_limit(budget, self.purpose, self.scale)
         expanded: list[dict[str, Any]] = []
         for entry in self.entries:
@@ -135,7 +135,7 @@ class ReduceJob(StateModel):
             raise ReductionStalled(f"{self.purpose} summary did not converge in {MAX_ROUNDS} rounds")
         self.entries = [_condensed(group, result.text) for group, result in zip(groups, results)]
         # the next round is packed by what the counter has learned meanwhile (kept in state from then on)
-        self.scale = max(factory.budget.counter.scale, self.scale or 0.0) if self.rejections else None
+        self.scale = max(factory.budget.counter.scale_for(self.purpose), self.scale or 0.0) if self.rejections else None
         return None
 
     def rejected(self, factory: RequestFactory) -> bool:
@@ -143,7 +143,7 @@ class ReduceJob(StateModel):
         if self.rejections >= MAX_REJECTIONS:
             return False
         self.rejections += 1
-        self.scale = max((self.scale or 1.0) * 1.25, factory.budget.counter.scale)
+        self.scale = max((self.scale or 1.0) * 1.25, factory.budget.counter.scale_for(self.purpose))
         return True
 
 
