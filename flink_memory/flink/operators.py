@@ -52,6 +52,7 @@ _FAULTS: Counter[str] = Counter()  # faults seen by this interpreter, when no jo
 CORES = {"planner": PlannerCore, "batcher": BatcherCore, "merger": MergerCore}
 # Between stages: "this agent's input has ended here" (a stage's own keyed records are JSON objects).
 END_OF_INPUT = "end-of-input"
+VALUE_CACHE_SIZE = 200_000  # cached value states per stage function (a few per agent), then started afresh
 
 
 def _fault_hook(spec: str | None, stage: str, count: int) -> None:
@@ -85,14 +86,29 @@ class ParseRecords(ProcessFunction):
 
 
 class _FlinkState:
-    """A StateBackend over the PyFlink states of one stage (the current key is Flink's)."""
+    """A StateBackend over the PyFlink states of one stage (the current key is Flink's, set in `key`).
+
+    Value states are cached per key, write-through: every call into the JVM costs tens of microseconds and
+    a stage reads its few small values on every record. The cache is as safe as the state: only this
+    function writes these states, and a restored job opens a new function with an empty cache. A write of
+    the value already there is skipped."""
 
     def __init__(self, values: dict[str, Any], maps: dict[str, Any]) -> None:
         self.values, self.maps = values, maps
+        self.key = ""
         self.no_legacy: set[tuple[str, str]] = set()  # (state, key) known to hold no release 0.1.0 value
+        self.cached: dict[tuple[str, str], str | None] = {}
+
+    def _remember(self, slot: tuple[str, str], raw: str | None) -> None:
+        if len(self.cached) >= VALUE_CACHE_SIZE:
+            self.cached.clear()
+        self.cached[slot] = raw
 
     def read(self, name: str) -> str | None:
-        return self.values[name].value()
+        slot = (name, self.key)
+        if slot not in self.cached:
+            self._remember(slot, self.values[name].value())
+        return self.cached[slot]
 
     def read_legacy(self, name: str, key: str) -> str | None:
         """Old values are read once per key and subtask: after that they are migrated or absent for good."""
@@ -104,10 +120,14 @@ class _FlinkState:
         return raw
 
     def write(self, name: str, raw: str | None) -> None:
+        slot = (name, self.key)
+        if slot in self.cached and self.cached[slot] == raw:
+            return
         if raw is None:
             self.values[name].clear()
         else:
             self.values[name].update(raw)
+        self._remember(slot, raw)
 
     def read_entry(self, name: str, key: str) -> str | None:
         return self.maps[name].get(key)
@@ -151,6 +171,7 @@ class StageFunction(KeyedProcessFunction):
         self.signalled: set[str] = set()  # agents whose end of input went downstream
         self.armed: set[str] = set()  # agents whose end-of-input timers this subtask has registered
         self.timers: dict[str, set[int]] = {}  # per agent, times of timers registered and not yet due
+        self.in_flight = 0  # calls the pending keys wait for
         self.activations = 0
         self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
@@ -184,7 +205,7 @@ class StageFunction(KeyedProcessFunction):
             waiting, deadline = self.pending.get(key, ([], None))
             if waiting and not self.pool.any_done(waiting) and (deadline is None or timestamp < deadline):
                 now = ctx.timer_service().current_processing_time()
-                self._set_timer(ctx, self.pool.wake_at_ms(waiting, now))  # early: nothing to apply yet
+                self._set_timer(ctx.timer_service(), key, self.pool.wake_at_ms(waiting, now), now)  # early: nothing yet
                 return
             yield from self._activate(ctx, wake)
             return
@@ -224,11 +245,15 @@ class StageFunction(KeyedProcessFunction):
 
     def _run(self, ctx: Any, call: Callable[[StateTransaction, int], Effects], payload: str | None,
              outputs: list[Any]) -> Effects:
-        """Run the core once for the current key and carry out its effects; returns them."""
+        """Run the core once for the current key and carry out its effects; returns them.
+
+        The key and the time are asked of Flink once: every call into the JVM costs tens of microseconds."""
         self.activations += 1
         key = ctx.get_current_key()
-        now = ctx.timer_service().current_processing_time()
+        timers = ctx.timer_service()
+        now = timers.current_processing_time()
         _fault_hook(self.config.job.inject_failure, self.stage, self.activations)  # a crash drill: restarts
+        self.state.key = key
         state = StateTransaction(self.core.schema, self.state, key)
         try:
             effects = call(state, now)
@@ -239,13 +264,13 @@ class StageFunction(KeyedProcessFunction):
             self.pool.submit(request)
         self.pool.forget(effects.consumed)
         self._account(effects)
-        if effects.idle:
-            self.pending.pop(key, None)
-        else:
+        self.in_flight -= len(self.pending.pop(key, ([], None))[0])
+        if not effects.idle:
             self.pending[key] = ([r.digest for r in effects.waiting], effects.wake_at_ms)
+            self.in_flight += len(effects.waiting)
         self._level("pending_keys", len(self.pending))
-        self._level("llm_in_flight", sum(len(waiting) for waiting, _ in self.pending.values()))
-        self._schedule(ctx, key, effects, now)
+        self._level("llm_in_flight", self.in_flight)
+        self._schedule(timers, key, effects, now)
         outputs.extend((key, out) if self.keyed_output else out for out in effects.out)
         outputs.extend((MANIFESTS, manifest) for manifest in effects.manifests)
         outputs.extend((DEAD_LETTERS, dead.model_dump_json()) for dead in effects.dead_letters)
@@ -281,36 +306,34 @@ class StageFunction(KeyedProcessFunction):
 
     # --- timers and metrics --------------------------------------------------------------------------
 
-    def _schedule(self, ctx: Any, key: str, effects: Effects, now: int) -> None:
-        timers = ctx.timer_service()
+    def _schedule(self, timers: Any, key: str, effects: Effects, now: int) -> None:
         if key not in self.armed:  # the end-of-input phases, once per key and subtask (Flink keeps one per time)
             for ts in END_TIMERS:
                 timers.register_event_time_timer(ts)
             self.armed.add(key)
         if effects.sweep_at_ms is not None:  # housekeeping (sealing old state): its own, rare timer
-            self._set_timer(ctx, effects.sweep_at_ms)
+            self._set_timer(timers, key, effects.sweep_at_ms, now)
         if effects.idle:
             return
         at = effects.wake_at_ms
         if effects.waiting:
             poll = self.pool.wake_at_ms([r.digest for r in effects.waiting], now)
             at = poll if at is None else min(at, poll)
-        self._set_timer(ctx, at if at is not None else now + self.recheck_ms)
+        self._set_timer(timers, key, at if at is not None else now + self.recheck_ms, now)
         # a key with work left also holds the next recheck grid point: a restored key resumes even without
         # input, and a deadline computed under an older config is looked at again
-        self._set_timer(ctx, now - now % self.recheck_ms + self.recheck_ms)
+        self._set_timer(timers, key, now - now % self.recheck_ms + self.recheck_ms, now)
 
-    def _set_timer(self, ctx: Any, at_ms: int) -> None:
+    def _set_timer(self, timers: Any, key: str, at_ms: int, now: int) -> None:
         """Register a processing-time timer, unless this key already holds one at that time (Flink keeps one
         per key and time anyway: this saves the call into the JVM on every record)."""
         at_ms = max(at_ms, 1)
-        now = ctx.timer_service().current_processing_time()
-        times = self.timers.setdefault(ctx.get_current_key(), set())
+        times = self.timers.setdefault(key, set())
         if at_ms in times and at_ms > now:
             return
         times.difference_update([t for t in times if t <= now])
         times.add(at_ms)
-        ctx.timer_service().register_processing_time_timer(at_ms)
+        timers.register_processing_time_timer(at_ms)
 
     def _level(self, name: str, value: int) -> None:
         """A counter that tracks a current value (calls in flight, agents pending) in this subtask."""

@@ -43,6 +43,7 @@ class PendingBatch(StateModel):
     last_ts: str | None = None
     job: ReduceJob
     text: str | None = None  # set once summarized; the node leaves when the batches before it have
+    newest_ms: int | None = None  # when its newest unit arrived (None: look it up in HOMES)
 
 
 class DoneBatch(StateModel):
@@ -66,6 +67,7 @@ class UnitHome(StateModel):
 
 class StoredUnit(StateModel):
     unit: MemoryUnit
+    arrived_ms: int | None = None  # None: stored before arrival times travelled with the unit (see HOMES)
 
 
 def _key(seq: int) -> str:
@@ -104,7 +106,7 @@ class BatcherCore:
         unit = MemoryUnit.model_validate(data)
         meta.ended = False
         seq = buffer.next_seq
-        state.put(UNITS, _key(seq), StoredUnit(unit=unit))
+        state.put(UNITS, _key(seq), StoredUnit(unit=unit, arrived_ms=now_ms))
         state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
         opened = [self._open_batch(state, meta, taken) for taken in
@@ -169,18 +171,22 @@ class BatcherCore:
         return buffer.opened_at_ms + self.flush_ms
 
     def _open_batch(self, state: StateTransaction, meta: BatcherMeta, taken: range) -> PendingBatch | None:
-        units = []
+        units, arrivals = [], []
         for seq in taken:
             stored = state.entry(UNITS, _key(seq))
             if stored is not None:  # (a unit retracted while buffered left a gap)
                 units.append(stored.unit)
+                arrivals.append(stored.arrived_ms)
                 state.put(UNITS, _key(seq), None)
         if not units:
             return None
         batch = self._pending(meta.next_batch, units)
-        for unit in units:
-            home = state.entry(HOMES, unit.unit_id)
-            state.put(HOMES, unit.unit_id, UnitHome(batch=batch.seq, arrived_ms=home.arrived_ms if home else 0))
+        for i, unit in enumerate(units):
+            if arrivals[i] is None:
+                home = state.entry(HOMES, unit.unit_id)
+                arrivals[i] = home.arrived_ms if home else 0
+            state.put(HOMES, unit.unit_id, UnitHome(batch=batch.seq, arrived_ms=arrivals[i]))
+        batch.newest_ms = max(arrivals)
         meta.next_batch += 1
         state.put(BATCHES, _key(batch.seq), batch)
         return batch
@@ -213,7 +219,9 @@ class BatcherCore:
             effects.out.append(self._node(state.key, batch.seq, 0, batch.units, batch.text, batch.job).model_dump_json())
             effects.counts["batches"] += 1
             state.put(BATCHES, _key(batch.seq), None)
-            newest = max((state.entry(HOMES, u.unit_id) or UnitHome()).arrived_ms for u in batch.units)
+            newest = batch.newest_ms
+            if newest is None:
+                newest = max((state.entry(HOMES, u.unit_id) or UnitHome()).arrived_ms for u in batch.units)
             state.put(DONE, _key(batch.seq), DoneBatch(seq=batch.seq, units=batch.units, live=batch_id(batch.seq),
                                                        newest_ms=newest or now_ms))
             if meta.next_sweep_ms is None:

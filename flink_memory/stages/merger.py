@@ -134,8 +134,10 @@ class MergerCore:
                 finished: Finished, effects: Effects) -> None:
         """A finished node: it replaces the nodes it names, or joins the frontier as a new one."""
         tree.note_id(node.node_id)
-        below = [stored.newest_ms for c in node.children if (stored := state.entry(NODES, c)) is not None]
-        newest = max(below) if node.kind != "batch" and below else now_ms
+        newest = now_ms  # a batch node's children are units, never stored here
+        if node.kind != "batch":
+            below = [stored.newest_ms for c in node.children if (stored := state.entry(NODES, c)) is not None]
+            newest = max(below, default=now_ms)
         if node.replaces:
             for old_id in node.replaces:
                 self._supersede(state, tree, old_id, node, newest, now_ms, finished, effects)
