@@ -78,6 +78,9 @@ class _Timestamped(_Strict):
         return format_ts(value)
 
 
+_UNIT_SUFFIX = re.compile(r"#[0-9]+$")
+
+
 class _Keyed(_Timestamped):
     """Every input record names its agent (and all but a forget, a record id): printable, not blank."""
 
@@ -90,6 +93,14 @@ class _Keyed(_Timestamped):
             raise ValueError("must not be blank")
         if _CONTROL.search(value):
             raise ValueError("must not contain control characters")
+        return value
+
+    @field_validator("id", check_fields=False)
+    @classmethod
+    def _not_a_unit_id(cls, value: str) -> str:
+        if _UNIT_SUFFIX.search(value):
+            raise ValueError(f"must not end in '#' and digits: {value!r} would name a part of another record "
+                             "(the units a record is cut into are named <id>#<n>)")
         return value
 
 

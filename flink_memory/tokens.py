@@ -279,13 +279,24 @@ class Calibration:
         """The most conservative scale: the largest ratio of any kind."""
         return self.scale_for(None)
 
-    def observe(self, ours: int, reported: int, kind: str = "") -> None:
+    def observe(self, ours: int, reported: int, kind: str = "") -> bool:
+        """Learn from one report; True when a ratio grew (worth keeping for the next start)."""
         if ours <= 0 or reported <= 0:
-            return
+            return False
         group = _KIND_GROUPS.get(kind, kind)
         with self._lock:
             self.reports += 1
-            self.ratios[group] = max(self.ratios.get(group, 0.0), reported / ours)
+            grew = reported / ours > self.ratios.get(group, 0.0)
+            if grew:
+                self.ratios[group] = reported / ours
+            return grew
+
+    def seed(self, ratios: Mapping[str, float]) -> None:
+        """Start from ratios learned before (kept in the journal): a restored job packs as the failed one did."""
+        with self._lock:
+            for kind, ratio in ratios.items():
+                if ratio > 0:
+                    self.ratios[kind] = max(self.ratios.get(kind, 0.0), ratio)
 
 
 # --- counting and budgets ---------------------------------------------------------------------------------
@@ -342,9 +353,9 @@ class TokenCounter:
     def request(self, messages: Iterable[Mapping[str, Any]], scale: float | None = None) -> int:
         return math.ceil(self.raw_request(messages) * (self.scale if scale is None else scale))
 
-    def observe(self, messages: Iterable[Mapping[str, Any]], reported_prompt_tokens: int, kind: str = "") -> None:
+    def observe(self, messages: Iterable[Mapping[str, Any]], reported_prompt_tokens: int, kind: str = "") -> bool:
         """Learn from the provider's usage report (and from its count in a length rejection)."""
-        self.calibration.observe(self.raw_request(messages), reported_prompt_tokens, kind)
+        return self.calibration.observe(self.raw_request(messages), reported_prompt_tokens, kind)
 
 
 def make_calibration(tokenizer: Tokenizer) -> Calibration:

@@ -138,3 +138,41 @@ def test_a_long_stream_keeps_state_per_agent_bounded():
             sizes.append(sum(stage.state.size("a") for stage in pipeline.stages))
     assert sizes[2] <= 1.3 * sizes[0], sizes
     assert pipeline.end().current("a")["item_count"] == 400
+
+
+def test_records_queued_behind_a_forget_survive_it():
+    """A forget waiting behind a conversation being planned drops what came before it, not what came after."""
+    held: set[str] = set()
+
+    class InFlight(dict):  # the pool's finished calls, with the plan calls still running
+        def get(self, digest, default=None):
+            return default if digest in held else super().get(digest, default)
+
+    def answer(request):
+        if request.kind == "plan":
+            held.add(request.digest)
+        return keeping_answer(request)
+
+    pipeline = Pipeline(cfg("chunking.max_chunk_tokens=400", "batching.max_items=3", "summarization.fan_in=2"),
+                        answer)
+    pipeline.finished = InFlight()
+    pipeline.feed(item("a", 0), conversation("a", "x", 10), {"agent_id": "a", "forget": True}, item("a", 1),
+                  item("a", 2))
+    assert held  # the conversation is being planned: the forget and what follows wait behind it
+    held.clear()
+    pipeline.end()
+    assert not pipeline.dead_letters
+    assert live_units(pipeline, "a") == Counter(["m1", "m2"])
+    text = live_text(pipeline, "a")
+    assert "Person1 " in text and "Person2 " in text and "Person0 " not in text and "[x]" not in text
+
+
+def test_deleting_everything_a_global_covered_leaves_an_empty_current_global():
+    pipeline = run().feed(item("a", 0, "secret alpha"), item("a", 1, "secret beta")).end()
+    assert "secret alpha" in pipeline.current("a")["text"]
+    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}, {"agent_id": "a", "id": "m1", "deleted": True}).end()
+    current = pipeline.current("a")
+    assert current["text"] == "" and current["item_count"] == 0
+    assert "secret" not in live_text(pipeline, "a")
+    pipeline.feed(item("a", 2, "fresh gamma")).end()  # memory grows again from nothing
+    assert "fresh gamma" in pipeline.current("a")["text"] and pipeline.current("a")["item_count"] == 1

@@ -154,8 +154,9 @@ def test_api_key_is_never_journaled(store, scripted, monkeypatch):
     first, again = client.complete(request), client.complete(request)
     assert scripted.authorizations == ["Bearer sk-secret-123456"]  # the key was in play, and the second
     assert again.from_journal and again.text == first.text       # answer came from the journal
-    rows = store.execute("SELECT * FROM {table}")
-    assert len(rows) == 1 and "sk-secret" not in repr(rows)
+    rows = store.execute("SELECT * FROM {table}")  # the answer, and what it taught the token count
+    assert len([row for row in rows if not row[0].startswith("calibration:")]) == 1
+    assert "sk-secret" not in repr(rows) and scripted.base_url not in repr(rows)
 
 
 def test_open_journal_picks_the_store_by_path(tmp_path):
@@ -197,3 +198,14 @@ def test_without_postgres_the_tests_say_so_and_fail_under_ci(tmp_path, ci, outco
                           cwd=tests.parent, env=env, capture_output=True, text=True, timeout=120)
     assert outcome in done.stdout and reason in done.stdout and "pg_config is not on PATH" in done.stdout
     assert (done.returncode != 0) == (ci == "true")
+
+
+def test_learned_token_ratios_outlive_the_process_and_a_tampered_row_is_ignored(store):
+    journal = store.open()
+    assert journal.calibration("endpoint|m|estimate") == {}
+    journal.save_calibration("endpoint|m|estimate", {"batch": 0.35, "calibrate": 0.41})
+    journal.save_calibration("endpoint|m|estimate", {"batch": 0.33, "merge": 0.5})  # another TaskManager
+    assert store.open().calibration("endpoint|m|estimate") == {"batch": 0.35, "calibrate": 0.41, "merge": 0.5}
+    assert store.open().calibration("other|m|estimate") == {}
+    store.execute("UPDATE {table} SET body = replace(body, '0.35', '0.05') WHERE key LIKE 'calibration:%'")
+    assert store.open().calibration("endpoint|m|estimate") == {}  # fails closed: counts from scratch

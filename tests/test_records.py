@@ -49,6 +49,8 @@ def test_trusted_chunks():
         (line(agent_id="  ", id="1", text="x"), "must not be blank"),
         (line(agent_id="a\x00b", id="1", text="x"), "control characters"),
         (line(agent_id="a", id=7, text="x"), "id: Input should be a valid string"),
+        (line(agent_id="a", id="n#0", text="x"), "would name a part of another record"),
+        (line(agent_id="a", id="n#12", deleted=True), "would name a part of another record"),
         (line(agent_id="a", id="1", text=""), "text"),
         (line(agent_id="a", id="1", text="x", ts="yesterday"), "RFC 3339"),
         (line(agent_id="a", id="1", text="x", ts="2026-01-02T03:04:05"), "RFC 3339"),

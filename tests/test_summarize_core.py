@@ -31,7 +31,7 @@ def limits_of(config):
 def test_batches_close_at_max_items():
     limits, budget = limits_of(cfg("batching.max_items=3"))
     buffer = BatchBuffer()
-    closed = [b for i in range(7) for b in buffer.add(unit(i), limits, 0, budget)]
+    closed = [b.seqs for i in range(7) for b in buffer.add(unit(i), limits, 0, budget)]
     assert closed == [range(0, 3), range(3, 6)]
     assert buffer.count == 1 and buffer.next_seq == 7
 
@@ -40,7 +40,7 @@ def test_batches_close_at_token_budget():
     limits, budget = limits_of(cfg("batching.max_tokens=200"))
     buffer = BatchBuffer()
     text = "word " * 40
-    closed = [b for i in range(10) for b in buffer.add(unit(i, text), limits, 0, budget)]
+    closed = [b.seqs for i in range(10) for b in buffer.add(unit(i, text), limits, 0, budget)]
 
     def rendered(batch):  # what the batch request renders, counted entry by entry
         packer = Packer(budget.counter)
@@ -55,7 +55,7 @@ def test_oversized_unit_is_a_batch_of_its_own():
     buffer = BatchBuffer()
     buffer.add(unit(0), limits, 0, budget)
     closed = buffer.add(unit(1, "word " * 1000), limits, 0, budget)
-    assert closed == [range(0, 1), range(1, 2)]
+    assert [b.seqs for b in closed] == [range(0, 1), range(1, 2)]
 
 
 def fake(request, text="short summary"):
@@ -203,3 +203,19 @@ def test_node_ids_do_not_depend_on_llm_timing():
             starts += [s for i in range(4, 6) for s in tree.add(node(i), 2, budget)]
         ids.append(sorted((s.node_id, tuple(c.node_id for c in s.children)) for s in starts))
     assert ids[0] == ids[1]
+
+
+def test_an_open_batch_closes_where_its_units_say_whatever_the_counter_learns_meanwhile():
+    """A replay after a restore must cut the same batches (and send the same requests) as the first run."""
+    closes = []
+    for learn in (False, True):
+        limits, budget = limits_of(cfg("batching.max_tokens=300", "batching.max_items=1000"))
+        buffer = BatchBuffer()
+        closed = []
+        for i in range(150):
+            if learn and i == 3:  # a batch answer arrives while the first batch is open
+                budget.counter.calibration.observe(1000, 300, "batch")
+            closed += buffer.add(unit(i, f"note {i} about the quarterly budget review"), limits, 0, budget)
+        closes.append(closed)
+    assert closes[0][0] == closes[1][0] and closes[0][0].scale == 1.0
+    assert len(closes[1][1].seqs) > len(closes[0][1].seqs)  # the next batch packs by what was learned

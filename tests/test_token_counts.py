@@ -92,13 +92,14 @@ def test_batches_fill_the_budget_once_the_provider_has_reported_on_batches():
         buffer = BatchBuffer()
         for entry in units:
             for batch in buffer.add(entry, limits, 0, budget):  # sequence numbers are indices into units
-                job = ReduceJob(purpose="batch", entries=units[batch.start:batch.stop])
+                job = ReduceJob(purpose="batch", entries=units[batch.seqs.start:batch.seqs.stop], scale=batch.scale)
                 [request] = job.requests(factory)
                 client.complete(request)
                 sizes.append(prompt_count(request.message_dicts(), chars_per_token(4)))
         room = 2048 - 256
-        assert len(sizes) >= 3 and max(sizes) <= room
-        assert min(sizes[1:-1]) >= 0.85 * room, sizes  # the first was packed by the probe's ratio
+        assert len(sizes) >= 4 and max(sizes) <= room
+        # the first two were opened before any batch answer (a batch keeps the scale it was opened with)
+        assert min(sizes[2:-1]) >= 0.85 * room, sizes
 
 
 def test_a_length_rejection_is_repacked_smaller_and_never_lost():
@@ -180,3 +181,23 @@ def test_auto_falls_back_to_the_calibrated_estimate_for_an_endpoint_without_toke
         tokenizer = open_tokenizer("auto", server.base_url, "openai", "some-local-model")
         assert isinstance(tokenizer, EstimateTokenizer)
         assert server.count() == 0  # the probe is not a chat call
+
+
+def test_a_restarted_client_packs_with_what_the_journal_learned(tmp_path):
+    """A job restored after a failure must pack (and so ask) as the failed one did, before any new answer."""
+    from flink_memory.llm.journal import open_journal
+
+    with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(4)) as server:
+        first = estimate_client(server)
+        first.journal = open_journal(str(tmp_path / "journal.sqlite"))
+        first.calibrate()
+        numbers = " ".join(f"Paid {k * 37 % 9000} EUR, ref {k * 7919}." for k in range(40))  # counted high by us
+        entries = [{"text": numbers, "from": None, "to": None}]
+        first.complete(first.requests.build(messages_for("batch", entries, 100), prompt_version="t", kind="batch"))
+        learned = first.counter.scale_for("batch")
+        assert learned < first.counter.scale_for("merge") < 1.0  # the probe's ratio is higher here
+        calls = server.count()
+        again = estimate_client(server)
+        again.journal = open_journal(str(tmp_path / "journal.sqlite"))
+        again.calibrate()  # answered from the journal, seeded with every kind's ratio
+        assert server.count() == calls and again.counter.scale_for("batch") == learned

@@ -22,6 +22,7 @@ from typing import Any
 import openai
 
 from flink_memory.config import ConfigError, LLMConfig
+from flink_memory.digests import digest_parts
 from flink_memory.llm.types import ChatRequest, ChatResult, ContextOverflow, Journal, LLMCallError
 from flink_memory.tokens import Budget, RequestTooLarge, TokenCounter
 
@@ -232,7 +233,7 @@ class LLMClient:
             if cached is not None:
                 self.stats.add(journal_hits=1)
                 if cached.prompt_tokens:  # the provider's count from when it was made still calibrates
-                    self.counter.observe(messages, cached.prompt_tokens, request.kind)
+                    self._observe(messages, cached.prompt_tokens, request.kind)
                 return replace(cached, kind=request.kind)
         try:  # the counter may have learned since the request was packed: never send what may not fit
             estimate = self.budget.check(messages, request.max_tokens, self.counter.scale_for(request.kind))
@@ -264,7 +265,7 @@ class LLMClient:
                 too_long, reported = length_rejection(exc)
                 if too_long:
                     self.stats.add(context_rejections=1)
-                    self.counter.observe(messages, reported or estimate + estimate // 4 + 1, request.kind)
+                    self._observe(messages, reported or estimate + estimate // 4 + 1, request.kind)
                     raise ContextOverflow(f"provider rejected the prompt for its length: {_safe_message(exc)}") \
                         from None
                 raise LLMCallError(f"{type(exc).__name__}: {_safe_message(exc)}") from None
@@ -288,7 +289,7 @@ class LLMClient:
             kind=request.kind,
         )
         if prompt_tokens:
-            self.counter.observe(messages, prompt_tokens, request.kind)
+            self._observe(messages, prompt_tokens, request.kind)
         self.stats.count_kind(request.kind)
         self.stats.add(
             calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed,
@@ -297,6 +298,21 @@ class LLMClient:
         if self.journal is not None:
             self.journal.put(key, request.canonical(), result)
         return result
+
+    @property
+    def calibration_name(self) -> str:
+        """Whose counts a calibration describes: this endpoint and model, counted by this tokenizer (a digest:
+        an endpoint URL may carry credentials, which never reach the journal)."""
+        return digest_parts([self.base_url, self.config.model, self.counter.tokenizer.name])
+
+    def _observe(self, messages: list[dict[str, Any]], reported: int, kind: str) -> None:
+        """Calibrate from a count the provider reported; a ratio that grew is kept in the journal, so a job
+        restored after a failure starts from it and packs (and so asks) as the failed one did."""
+        if self.counter.observe(messages, reported, kind) and self.journal is not None and not self.counter.exact:
+            try:
+                self.journal.save_calibration(self.calibration_name, self.counter.calibration.ratios)
+            except Exception as exc:  # noqa: BLE001 - a journal that cannot keep it costs packing, never a call
+                log.warning("token calibration not kept in the journal: %s", exc)
 
     def calibrate(self) -> None:
         """One tiny request whose `usage.prompt_tokens` calibrates an estimated count before any work is packed.
@@ -308,6 +324,8 @@ class LLMClient:
         """
         if self.counter.exact:
             return
+        if self.journal is not None:
+            self.counter.calibration.seed(self.journal.calibration(self.calibration_name))
         request = self.requests.build(
             [{"role": "system", "content": "Reply with OK."}, {"role": "user", "content": CALIBRATION_TEXT}],
             prompt_version=CALIBRATION_VERSION, max_tokens=1, kind="calibrate")

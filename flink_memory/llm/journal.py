@@ -131,6 +131,26 @@ class RowJournal(ABC):
         self._upsert(Row(key, key, body, _checksum(key, body), time.time()))
         return seen + 1
 
+    def calibration(self, name: str) -> dict[str, float]:
+        """The token-count ratios per request kind learned for one provider and model (empty if none)."""
+        key = "calibration:" + name
+        row = self._select(key)
+        if row is None or _checksum(key, row[1]) != row[2]:
+            return {}
+        try:
+            return {str(kind): float(ratio) for kind, ratio in json.loads(row[1])["ratios"].items()}
+        except (KeyError, TypeError, ValueError, AttributeError):
+            return {}
+
+    def save_calibration(self, name: str, ratios: dict[str, float]) -> None:
+        """Keep the largest ratio per kind (several TaskManagers may save; ratios only grow)."""
+        merged = self.calibration(name)
+        for kind, ratio in ratios.items():
+            merged[kind] = max(merged.get(kind, 0.0), ratio)
+        key = "calibration:" + name
+        body = json.dumps({"ratios": merged}, sort_keys=True)
+        self._upsert(Row(key, key, body, _checksum(key, body), time.time()))
+
     def prune(self) -> None:
         self._expire(time.time() - self.max_age_s, self.max_entries)
 

@@ -20,7 +20,7 @@ from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive
 from flink_memory.stages.messages import ForgetAgent, Retract, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
-from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
+from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
@@ -170,9 +170,9 @@ class BatcherCore:
             return None
         return buffer.opened_at_ms + self.flush_ms
 
-    def _open_batch(self, state: StateTransaction, meta: BatcherMeta, taken: range) -> PendingBatch | None:
+    def _open_batch(self, state: StateTransaction, meta: BatcherMeta, taken: ClosedBatch) -> PendingBatch | None:
         units, arrivals = [], []
-        for seq in taken:
+        for seq in taken.seqs:
             stored = state.entry(UNITS, _key(seq))
             if stored is not None:  # (a unit retracted while buffered left a gap)
                 units.append(stored.unit)
@@ -180,7 +180,7 @@ class BatcherCore:
                 state.put(UNITS, _key(seq), None)
         if not units:
             return None
-        batch = self._pending(meta.next_batch, units)
+        batch = self._pending(meta.next_batch, units, taken.scale)
         for i, unit in enumerate(units):
             if arrivals[i] is None:
                 home = state.entry(HOMES, unit.unit_id)
@@ -191,13 +191,15 @@ class BatcherCore:
         state.put(BATCHES, _key(batch.seq), batch)
         return batch
 
-    def _pending(self, seq: int, units: list[MemoryUnit]) -> PendingBatch:
+    def _pending(self, seq: int, units: list[MemoryUnit], scale: float | None = None) -> PendingBatch:
         stamps = sorted(u.ts for u in units if u.ts)
         return PendingBatch(seq=seq, units=units, first_ts=stamps[0] if stamps else None,
-                            last_ts=stamps[-1] if stamps else None, job=self._job(units))
+                            last_ts=stamps[-1] if stamps else None, job=self._job(units, scale))
 
-    def _job(self, units: list[MemoryUnit]) -> ReduceJob:
-        return ReduceJob(purpose="batch", entries=[unit_entry(u) for u in units], target_tokens=self.limits.target_tokens)
+    def _job(self, units: list[MemoryUnit], scale: float | None = None) -> ReduceJob:
+        """The batch's summary job, packed at the scale its units were batched with (None: the current)."""
+        return ReduceJob(purpose="batch", entries=[unit_entry(u) for u in units],
+                         target_tokens=self.limits.target_tokens, scale=scale)
 
     def _drive(self, state: StateTransaction, batch: PendingBatch, finished: Finished, now_ms: int,
                effects: Effects) -> None:
@@ -269,7 +271,8 @@ class BatcherCore:
             if not pending.units:
                 state.put(BATCHES, _key(seq), None)
                 continue
-            rebuilt = self._pending(seq, pending.units)  # the call in flight for the old content is ignored
+            # the call in flight for the old content is ignored
+            rebuilt = self._pending(seq, pending.units, pending.job.scale)
             state.put(BATCHES, _key(seq), rebuilt)
             self._drive(state, rebuilt, finished, now_ms, effects)
         for seq in sorted(touched_done):

@@ -275,8 +275,8 @@ class MergerCore:
 
     def _run_global(self, state: StateTransaction, tree: SummaryTree, clock: Clock, pending: ParentJob,
                     finished: Finished, now_ms: int, effects: Effects) -> None:
-        if len(pending.children) == 1:  # one node is its own global summary: no call needed
-            text: str | None = pending.job.entries[0]["text"]
+        if len(pending.children) <= 1:  # one node is its own global summary, none an empty one: no call
+            text: str | None = pending.job.entries[0]["text"] if pending.children else ""
         else:
             progress = drive(pending.job, self.factory, finished, now_ms, self.retry)
             effects.track(progress, pending.job)
@@ -286,8 +286,8 @@ class MergerCore:
             return
         state.set(GLOBAL, None)
         node = self._parent_node(state.key, pending, "global", text)
-        if self.keep == KEEP["batch_and_global"]:  # its merges are not written: name the batches it covers
-            node = node.model_copy(update={"children": tree.live_batch_ids()})
+        if self.keep == KEEP["batch_and_global"] and pending.children:  # its merges are not written: name
+            node = node.model_copy(update={"children": tree.live_batch_ids()})  # the batches it covers
         tree.global_done([c.node_id for c in pending.children], node.version or 0)
         clock.last_global_ms = now_ms
         effects.counts["globals"] += 1

@@ -64,8 +64,10 @@ class SourceEntry(StateModel):
     @classmethod
     def from_legacy(cls, raw: str) -> SourceEntry:
         """Release 0.1.0 kept the content digest alone ("rejected:<digest>" for a record refused under raise,
-        which counts as not accepted: an empty digest matches no content)."""
-        return cls(digest="" if raw.startswith("rejected:") else raw)
+        which counts as not accepted: an empty digest matches no content). It kept no unit ids, so such a
+        record is sealed: an update or deletion of it is refused with the reason, never half-applied."""
+        rejected = raw.startswith("rejected:")
+        return cls(digest="" if rejected else raw, sealed=not rejected)
 
 
 class QueuedRecord(StateModel):
@@ -297,7 +299,8 @@ class PlannerCore:
         state.put(SOURCES, record.id, None)
 
     def _forget(self, state: StateTransaction, effects: Effects) -> None:
-        for name in (SOURCES, PLANS, QUEUE):
+        """Everything accepted before the forget goes; records queued behind it are newer input and stay."""
+        for name in (SOURCES, PLANS):
             state.clear_map(name)
         state.set(CLOCK, None)
         effects.out.append(ForgetAgent().model_dump_json())
@@ -308,8 +311,8 @@ class PlannerCore:
 
     def _sealed_reason(self, record_id: str) -> str:
         return (f"sealed: record {record_id!r} was accepted more than memory.editable_for "
-                f"({self.config.memory.editable_for:.0f} s) ago; its text has left state, so it can no longer be "
-                "updated or deleted")
+                f"({self.config.memory.editable_for:.0f} s) ago, or by release 0.1.0; its text has left state, so "
+                "it can no longer be updated or deleted")
 
     def _source(self, state: StateTransaction, record_id: str) -> SourceEntry | None:
         source = state.entry(SOURCES, record_id)

@@ -7,7 +7,7 @@ by sequence number, so adding a unit reads and writes one entry, never the whole
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from flink_memory.config import Config
 from flink_memory.records import MemoryUnit
@@ -34,58 +34,72 @@ class BatchLimits:
         return cls(config.batching.max_items, config.batching.max_tokens or None,
                    child_target(budget, config.summarization.fan_in))
 
-    def max_tokens(self, budget: Budget) -> int:
-        """Item tokens one batch may take at the current batch scale (the room follows the calibration)."""
+    def max_tokens(self, budget: Budget, scale: float) -> int:
+        """Item tokens one batch packed at `scale` may take (the room follows the calibration)."""
         from flink_memory.summarize.reduce import entry_limit
 
-        scale = budget.counter.scale_for("batch")
         if scale not in self._rooms:
             room = entry_limit(budget, "batch", scale)
             self._rooms[scale] = min(room, self.configured_tokens) if self.configured_tokens else room
         return self._rooms[scale]
 
 
+class ClosedBatch(NamedTuple):
+    seqs: range  # the sequence numbers of its units
+    scale: float | None  # the calibration its units were packed with: its request is built with the same
+
+
 class BatchBuffer(StateModel):
-    """Units waiting for their batch: sequence numbers first .. first + count - 1."""
+    """Units waiting for their batch: sequence numbers first .. first + count - 1.
+
+    The open batch keeps the calibration scale it was opened with, so where it closes depends on the units
+    alone: a job restored from a checkpoint closes it at the same unit and sends the same request (a journal
+    hit), whatever the counter has learned since."""
 
     first: int = 0
     count: int = 0
     tokens: int = 0
     opened_at_ms: int | None = None
     last: dict[str, Any] | None = None  # the newest entry's dates (the next one's date line depends on it)
+    scale: float | None = None
 
     @property
     def next_seq(self) -> int:
         """The sequence number the next unit gets."""
         return self.first + self.count
 
-    def add(self, entry: dict[str, Any], limits: BatchLimits, now_ms: int, budget: Budget) -> list[range]:
-        """Add one entry (it gets `next_seq`); returns the batches this closes, as ranges of sequence numbers.
+    def add(self, entry: dict[str, Any], limits: BatchLimits, now_ms: int, budget: Budget) -> list[ClosedBatch]:
+        """Add one entry (it gets `next_seq`); returns the batches this closes.
 
         Costs are counted as the batch request renders them (a date line only where the day changes). A unit
         larger than the whole budget is a batch of its own (the reduce job splits its text).
         """
-        closed: list[range] = []
-        max_tokens = limits.max_tokens(budget)
+        closed: list[ClosedBatch] = []
+        self._open(budget, now_ms)
         cost = self._packer(budget).cost(entry)
-        if self.count and self.tokens + cost > max_tokens:
+        if self.count and self.tokens + cost > limits.max_tokens(budget, self.scale):
             closed.append(self.take())
+            self._open(budget, now_ms)
             cost = self._packer(budget).cost(entry)
-        if not self.count:
-            self.opened_at_ms = now_ms
         self.count += 1
         self.tokens += cost
         self.last = {"from": entry.get("from"), "to": entry.get("to"), "text": ""}
-        if self.count >= limits.max_items or self.tokens >= max_tokens:
+        if self.count >= limits.max_items or self.tokens >= limits.max_tokens(budget, self.scale):
             closed.append(self.take())
         return closed
 
+    def _open(self, budget: Budget, now_ms: int) -> None:
+        if not self.count:
+            self.opened_at_ms = now_ms
+        if self.scale is None:  # (a buffer from a release that kept no scale takes the current one once)
+            self.scale = budget.counter.scale_for("batch")
+
     def _packer(self, budget: Budget) -> Packer:
         """A packer positioned after the buffered units (only the last one's date matters)."""
-        return Packer.after(budget.counter, self.count, self.tokens, self.last, budget.counter.scale_for("batch"))
+        return Packer.after(budget.counter, self.count, self.tokens, self.last, self.scale)
 
-    def take(self) -> range:
-        taken = range(self.first, self.first + self.count)
+    def take(self) -> ClosedBatch:
+        taken = ClosedBatch(range(self.first, self.first + self.count), self.scale)
         self.first += self.count
-        self.count, self.tokens, self.opened_at_ms, self.last = 0, 0, None, None
+        self.count, self.tokens, self.opened_at_ms, self.last, self.scale = 0, 0, None, None, None
         return taken

@@ -155,8 +155,10 @@ class SummaryTree(StateModel):
         return [slot.node_id for slots in reversed(self.levels) for slot in slots if slot.ready]
 
     def needs_global(self) -> bool:
+        """The frontier changed since the last global (an emptied frontier needs an empty global too, so the
+        last one, with the text of what was deleted, stops being current)."""
         frontier = self.frontier()
-        return self.settled() and bool(frontier) and frontier != self.global_children
+        return self.settled() and frontier != self.global_children and bool(frontier or self.global_children)
 
     def next_global_id(self) -> tuple[str, int]:
         version = self.global_version + 1
