@@ -167,11 +167,13 @@ def latest_globals(summaries: list[dict[str, Any]]) -> dict[str, dict[str, Any]]
 
 def report(output_dir: str, wall_s: float) -> str:
     from flink_memory.llm.runtime import read_stats
+    from flink_memory.store.core import live_view
 
     outputs = read_outputs(output_dir)
     nodes = outputs["summaries"]
     kinds = {k: sum(1 for n in nodes if n["kind"] == k) for k in ("batch", "merge", "global")}
-    units = sum(n["item_count"] for n in nodes if n["kind"] == "batch")
+    live = live_view(nodes).values()  # a revised batch and the one it replaced hold the same units once
+    units = sum(n.item_count for n in live if n.kind == "batch")
     stats = read_stats(output_dir)
     globals_ = latest_globals(nodes)
     by_kind = ", ".join(f"{k} {int(stats[f'calls_{k}'])}" for k in KINDS if stats.get(f"calls_{k}"))

@@ -17,6 +17,7 @@ a configuration accepted at start never produces a request that does not fit.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import re
 import threading
@@ -27,6 +28,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import xxhash
+
+log = logging.getLogger(__name__)
 
 _PIECES = re.compile(r"[A-Za-z]+|[0-9]|[ \t]+|\n+|[\x21-\x7e]|[^\x00-\x7f]|[\x00-\x1f\x7f]")
 
@@ -94,6 +97,11 @@ class TokenizerUnavailable(RuntimeError):
     """`llm.tokenizer` names a tokenizer that cannot be loaded here; the message says what is missing."""
 
 
+class TokenizerUnreachable(RuntimeError):
+    """A remote tokenizer did not answer for one text (the server restarts, the network drops): that text is
+    counted with the estimate, an upper bound, and asked again next time."""
+
+
 @dataclass
 class EstimateTokenizer:
     name: str = "estimate"
@@ -129,7 +137,7 @@ class ServerTokenizer:
         self.name = f"server:{self.root}"
         try:
             self.per_message, self.per_request = self._measure_template()
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError, KeyError, TypeError, TokenizerUnreachable) as exc:
             raise TokenizerUnavailable(f"{self.root} does not serve llama.cpp's /tokenize and /apply-template "
                                        f"({type(exc).__name__}: {exc})") from None
 
@@ -139,7 +147,10 @@ class ServerTokenizer:
         return len(answer["tokens"])
 
     def count(self, text: str) -> int:
-        return self._tokens(text, False) if text else 0
+        try:
+            return self._tokens(text, False) if text else 0
+        except (OSError, ValueError, KeyError, TypeError) as exc:  # URLError and HTTPError are OSErrors
+            raise TokenizerUnreachable(f"{self.root}/tokenize: {type(exc).__name__}: {exc}") from None
 
     def _rendered(self, messages: list[dict[str, str]]) -> int:
         prompt = _post_json(self.root + "/apply-template", {"messages": messages}, self.timeout_s)["prompt"]
@@ -312,6 +323,7 @@ class TokenCounter:
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+        self.unreachable = 0  # texts a remote tokenizer could not count
 
     @property
     def exact(self) -> bool:
@@ -332,7 +344,14 @@ class TokenCounter:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        value = self.tokenizer.count(text)
+        try:
+            value = self.tokenizer.count(text)
+        except TokenizerUnreachable as exc:
+            self.unreachable += 1
+            if self.unreachable in (1, 10, 100) or self.unreachable % 1000 == 0:
+                log.warning("tokenizer unreachable (%d times so far), counting with the estimate: %s",
+                            self.unreachable, exc)
+            return estimate_tokens(text)  # an upper bound of the exact count; not kept
         with self._lock:
             self._cache[key] = value
             if len(self._cache) > self._cache_size:

@@ -176,3 +176,25 @@ def test_deleting_everything_a_global_covered_leaves_an_empty_current_global():
     assert "secret" not in live_text(pipeline, "a")
     pipeline.feed(item("a", 2, "fresh gamma")).end()  # memory grows again from nothing
     assert "fresh gamma" in pipeline.current("a")["text"] and pipeline.current("a")["item_count"] == 1
+
+
+def test_a_revision_that_keeps_failing_gives_up_without_leaving_the_retracted_text_live():
+    """An error of ours while a batch is summarized again: evicting the agent's work ends that revision too."""
+    pipeline = run().feed(*[item("a", i) for i in range(3)]).end()
+
+    def broken(request):
+        raise ValueError("a bug of ours")
+
+    pipeline.answer = broken
+    with pytest.raises(ValueError):
+        pipeline.feed({"agent_id": "a", "id": "m1", "deleted": True})
+        pipeline.end()
+    batcher = pipeline.stages[1]
+    effects = batcher.run("a", lambda st: batcher.core.evict(st, "internal error"))
+    assert sorted(d.record_id for d in effects.dead_letters) == ["m0", "m2"]
+    for payload in effects.out:
+        pipeline._deliver(2, "a", payload)  # to the merger, as the shell would
+    pipeline.answer = keeping_answer
+    pipeline.end()  # nothing is left failing
+    assert "Person1 " not in live_text(pipeline, "a") and live_units(pipeline, "a") == Counter()
+    assert pipeline.current("a")["item_count"] == 0

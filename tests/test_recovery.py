@@ -209,3 +209,20 @@ def test_a_record_that_keeps_failing_is_dead_lettered_and_the_others_go_on(tmp_p
     expected = Counter((r["agent_id"], r["id"]) for r in records if (r["agent_id"], r["id"]) != ("agent-0", "m5"))
     assert batch_units(out["summaries"]) == expected
     assert {a: g["item_count"] for a, g in latest_globals(out["summaries"]).items()} == {"agent-0": 11, "agent-1": 12}
+
+
+def test_a_failing_record_queued_behind_a_plan_is_the_one_dead_lettered(tmp_path):
+    """The poison waits in the planner's queue behind a conversation being planned: the error comes when the
+    plan's answer wakes the queue, and exactly that record goes, never the records queued around it."""
+    records = items(agents=2, per_agent=12)
+    records.insert(0, conversation("agent-0", "early"))
+    with ScriptedServer(lambda body: slow_script(body, planner_s=0.5)) as server:
+        out = run(tmp_path, records, server.base_url, "batching.max_items=5", "chunking.max_chunk_tokens=400",
+                  "job.inject_failure=record:agent-0/m5", "checkpointing.restart_backoff_s=0.2",
+                  journal=tmp_path / "journal.sqlite")
+    (dead,) = out["dead-letters"]
+    assert dead["stage"] == "internal" and (dead["agent_id"], dead["record_id"]) == ("agent-0", "m5")
+    units = batch_units(out["summaries"])
+    expected = Counter((r["agent_id"], r["id"]) for r in records[1:] if (r["agent_id"], r["id"]) != ("agent-0", "m5"))
+    assert Counter({k: v for k, v in units.items() if "#" not in k[1]}) == expected
+    assert any(k == ("agent-0", "conv-early#0") for k in units)

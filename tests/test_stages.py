@@ -351,3 +351,34 @@ def test_every_retention_mode_traces_a_global_to_its_batches_through_written_nod
             if node["kind"] == "batch":
                 reached.add(node["node_id"])
         assert reached == {n["node_id"] for n in pipeline.nodes("batch")}, retention
+
+
+def test_an_error_on_a_queued_record_is_blamed_on_it_and_evicting_it_spares_the_others():
+    """The poison waits behind a conversation being planned; the record that wakes the queue is innocent."""
+    from flink_memory.stages.calls import RecordFault
+
+    held: set[str] = set()
+
+    class InFlight(dict):  # the pool's finished calls, with the plan calls still running
+        def get(self, digest, default=None):
+            return default if digest in held else super().get(digest, default)
+
+    def answer(request):
+        if request.kind == "plan":
+            held.add(request.digest)
+        return planner_answer()(request)
+
+    pipeline = Pipeline(cfg(*PLANNED, "batching.max_items=100", "job.inject_failure=record:a/m1"), answer)
+    pipeline.finished = InFlight()
+    pipeline.feed(conversation("a", "x"), item("a", 1), item("a", 2))  # m1 and m2 queue behind the plan
+    held.clear()
+    with pytest.raises(RecordFault) as caught:
+        pipeline.feed(item("a", 3))  # the drain reaches m1
+    assert json.loads(caught.value.payload)["id"] == "m1" and caught.value.seq is not None
+    planner = pipeline.stages[0]  # what the shell does when the error comes again: exactly m1 goes
+    effects = planner.run("a", lambda st: planner.core.evict(st, "internal error", caught.value.seq))
+    assert [d.record_id for d in effects.dead_letters] == ["m1"]
+    pipeline.feed(item("a", 3)).end()  # the activation again: m3 is handled, and so is everything queued
+    units = pipeline.batch_units()["a"]
+    assert "m1" not in units and {"m2", "m3"} <= set(units) and any(u.startswith("conv-x#") for u in units)
+    assert [d.record_id for d in pipeline.dead_letters] == []  # (the eviction's went to the shell)

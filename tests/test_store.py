@@ -356,3 +356,13 @@ def test_the_sample_agent_prompt_holds_the_gist_and_the_detail(tmp_path):
     gist, detail = prompt.index("Eight people paid for cars"), prompt.index("Alice paid 300 EUR")
     assert gist < detail < prompt.index("Question: What did Alice pay for the boat?")
     assert prompt.count("\n- (") == 2 and "(nothing yet)" in empty and "- (none)" in empty
+
+
+def test_the_run_report_counts_live_units_once(tmp_path):
+    from flink_memory.cli import report
+
+    (tmp_path / "summaries").mkdir()
+    lines = [n.model_dump_json() for n in changing_changelog()]
+    (tmp_path / "summaries" / "part-0").write_text("\n".join(lines) + "\n")
+    # batch-1c (m1), batch-2 (m3) and batch-3 (m4) are live; batch-1 and batch-1b were replaced
+    assert "memory units summarized : 3 (1 agents)" in report(str(tmp_path), 1.0)

@@ -219,3 +219,23 @@ def test_an_open_batch_closes_where_its_units_say_whatever_the_counter_learns_me
         closes.append(closed)
     assert closes[0][0] == closes[1][0] and closes[0][0].scale == 1.0
     assert len(closes[1][1].seqs) > len(closes[0][1].seqs)  # the next batch packs by what was learned
+
+
+def test_a_failed_call_of_a_round_does_not_throw_away_the_answers_of_the_others():
+    """A round of several requests where one fails: after the backoff only that one is made again."""
+    from flink_memory.llm.types import LLMCallError
+    from flink_memory.stages.calls import RetryPolicy, drive
+
+    config = cfg("llm.context_window=1024", "llm.max_output_tokens=64")
+    factory = RequestFactory.from_config(config.llm)
+    job = ReduceJob(purpose="batch", entries=[unit(i, f"fact {i} " * 60) for i in range(12)])
+    requests = job.requests(factory)
+    assert len(requests) >= 3  # one round of several part requests
+    finished = {r.digest: fake(r) for r in requests}
+    finished[requests[1].digest] = LLMCallError("provider down")
+    progress = drive(job, factory, finished, 0, RetryPolicy(1.0, 1.0))
+    assert progress.state == "failed" and progress.consumed == [requests[1].digest]
+    for digest in progress.consumed:
+        finished.pop(digest)
+    progress = drive(job, factory, finished, 10_000, RetryPolicy(1.0, 1.0))  # after the backoff
+    assert [r.digest for r in progress.start] == [requests[1].digest]

@@ -201,3 +201,24 @@ def test_a_restarted_client_packs_with_what_the_journal_learned(tmp_path):
         again.journal = open_journal(str(tmp_path / "journal.sqlite"))
         again.calibrate()  # answered from the journal, seeded with every kind's ratio
         assert server.count() == calls and again.counter.scale_for("batch") == learned
+
+
+def test_a_tokenizer_that_stops_answering_is_replaced_by_the_estimate_until_it_answers_again():
+    """A restarting llama.cpp server must not become an error of the job: the estimate bounds the count."""
+    from flink_memory.tokens import TokenizerUnreachable, estimate_tokens
+
+    class Flaky:
+        name, exact, per_message, per_request = "flaky", True, 4, 3
+        down = True
+
+        def count(self, text):
+            if self.down:
+                raise TokenizerUnreachable("connection refused")
+            return len(text) // 4
+
+    tokenizer = Flaky()
+    counter = TokenCounter(tokenizer, make_calibration(tokenizer))
+    text = SENTENCES[0].format(k=1)
+    assert counter.raw(text) == estimate_tokens(text) >= len(text) // 4 and counter.unreachable == 1
+    tokenizer.down = False
+    assert counter.raw(text) == len(text) // 4  # the fallback was not kept

@@ -34,7 +34,7 @@ from flink_memory.digests import digest_parts
 from flink_memory.llm.runtime import acquire_runtime, release_runtime
 from flink_memory.records import DeadLetter, parse_line
 from flink_memory.stages.batcher import BatcherCore
-from flink_memory.stages.calls import Effects
+from flink_memory.stages.calls import Effects, RecordFault
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
 from flink_memory.state import StateTransaction
@@ -52,6 +52,7 @@ _FAULTS: Counter[str] = Counter()  # faults seen by this interpreter, when no jo
 CORES = {"planner": PlannerCore, "batcher": BatcherCore, "merger": MergerCore}
 # Between stages: "this agent's input has ended here" (a stage's own keyed records are JSON objects).
 END_OF_INPUT = "end-of-input"
+MAX_EVICTIONS = 1000  # queued records one activation may dead-letter before it gives up (a loop guard)
 VALUE_CACHE_SIZE = 200_000  # cached value states per stage function (a few per agent), then started afresh
 
 
@@ -254,12 +255,21 @@ class StageFunction(KeyedProcessFunction):
         now = timers.current_processing_time()
         _fault_hook(self.config.job.inject_failure, self.stage, self.activations)  # a crash drill: restarts
         self.state.key = key
-        state = StateTransaction(self.core.schema, self.state, key)
-        try:
-            effects = call(state, now)
-            state.commit()
-        except Exception as exc:  # a bug of ours for this record: a restart first, then a dead letter
-            effects = self._fault(key, exc, payload)
+        evicted: list[DeadLetter] = []
+        for _ in range(MAX_EVICTIONS):
+            state = StateTransaction(self.core.schema, self.state, key)
+            try:
+                effects = call(state, now)
+                state.commit()
+                break
+            except Exception as exc:  # a bug of ours for a record: a restart first, then a dead letter
+                effects, again = self._fault(key, exc, payload)
+                if not again:
+                    break
+                evicted.extend(effects.dead_letters)  # a queued record is out: the activation runs again
+        else:
+            raise RuntimeError(f"{self.stage}: {MAX_EVICTIONS} records of agent {key} dead-lettered in one activation")
+        effects.dead_letters[:0] = evicted
         for request in effects.start:
             self.pool.submit(request)
         self.pool.forget(effects.consumed)
@@ -278,9 +288,16 @@ class StageFunction(KeyedProcessFunction):
 
     # --- faults --------------------------------------------------------------------------------------
 
-    def _fault(self, key: str, exc: Exception, payload: str | None) -> Effects:
-        """Raise the first time (the job restarts from its checkpoint); dead-letter it when it comes again."""
-        fault = digest_parts([self.stage, key, payload or "wake", type(exc).__name__])
+    def _fault(self, key: str, exc: Exception, payload: str | None) -> tuple[Effects, bool]:
+        """Raise the first time (the job restarts from its checkpoint); dead-letter it when it comes again.
+
+        Returns the eviction's effects, and whether the activation must run again: a record dead-lettered out
+        of the planner's queue is not the one this activation brought, which still has to be handled."""
+        held = exc if isinstance(exc, RecordFault) else None
+        culprit = held.payload if held is not None else payload
+        if held is not None and isinstance(held.cause, Exception):
+            exc = held.cause
+        fault = digest_parts([self.stage, key, culprit or "wake", type(exc).__name__])
         journal = self.runtime.client.journal
         if journal is not None:
             seen = journal.count_fault(fault)
@@ -294,15 +311,20 @@ class StageFunction(KeyedProcessFunction):
         log.error("%s: %s; dead-lettered, the job goes on", self.stage, reason)
         self._count("internal_errors")
         state = StateTransaction(self.core.schema, self.state, key)
-        if payload is not None and self.stage == "planner":
+        if held is not None and held.seq is not None:  # a record in the planner's queue: exactly that one
+            effects = self.core.evict(state, reason, held.seq)
+            if effects.dead_letters:
+                state.commit()
+                return effects, True
+        if payload is not None and self.stage == "planner":  # the record this activation brought
             record = json.loads(payload)
             return Effects(dead_letters=[DeadLetter(raw=payload, reason=reason, stage="internal", agent_id=key,
-                                                    record_id=record.get("id"))])
+                                                    record_id=record.get("id"))]), False
         effects = self.core.evict(state, reason)
         state.commit()
         if payload is not None:
             effects.dead_letters.append(DeadLetter(raw=payload, reason=reason, stage="internal", agent_id=key))
-        return effects
+        return effects, False
 
     # --- timers and metrics --------------------------------------------------------------------------
 

@@ -137,9 +137,23 @@ class BatcherCore:
         return self.on_wake(state, finished, now_ms)
 
     def evict(self, state: StateTransaction, reason: str) -> Effects:
-        """Buffered units and unsummarized batches of this agent become dead letters; the rest goes on."""
+        """Buffered units and unsummarized batches of this agent become dead letters; the rest goes on.
+
+        A batch being summarized again (after a change) gives up too: its remaining units become dead
+        letters and an empty node replaces it, so no retracted text stays live and no failing job stays."""
         effects = Effects()
         buffer, meta = self._load(state)
+        for seq in list(meta.revising):
+            meta.revising.remove(seq)
+            done = state.entry(DONE, _key(seq))
+            if done is None:
+                continue
+            for unit in done.units:
+                effects.dead_letters.append(_dead_unit(unit, reason))
+                state.put(HOMES, unit.unit_id, None)
+            effects.out.append(self._node(state.key, seq, done.revision + 1, [], "", None,
+                                          replaces=[done.live]).model_dump_json())
+            state.put(DONE, _key(seq), None)
         for key, stored in state.items(UNITS):
             effects.dead_letters.append(_dead_unit(stored.unit, reason))
             state.put(UNITS, key, None)

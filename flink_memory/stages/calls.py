@@ -36,6 +36,17 @@ class CallJob(Protocol):
         """A request was refused for its length: re-pack smaller; False once that was tried too often."""
 
 
+class RecordFault(Exception):
+    """An error of ours while handling one record a stage holds (`seq` in its queue, None: the incoming one).
+
+    The shell counts the fault against that record, not against whichever record or timer woke the stage,
+    and when it comes again dead-letters exactly that record."""
+
+    def __init__(self, payload: str, seq: int | None, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.payload, self.seq, self.cause = payload, seq, cause
+
+
 @dataclass(frozen=True)
 class RetryPolicy:
     base_s: float = 2.0
@@ -74,18 +85,22 @@ def drive(job: CallJob, context: Any, finished: Finished, now_ms: int, retry: Re
             progress.state, progress.start = "pending", missing
             return progress
         errors = [answer for answer in answers if isinstance(answer, BaseException)]
-        progress.consumed.extend(request.digest for request in wanted)
         if errors:
             error = errors[0]
             if not isinstance(error, LLMCallError):
                 raise error
-            if isinstance(error, ContextOverflow) and job.rejected(context):
+            if isinstance(error, ContextOverflow) and job.rejected(context):  # re-packed: other requests now
+                progress.consumed.extend(request.digest for request in wanted)
                 progress.rejections += 1
                 continue
+            # the answers that arrived stay with the pool: after the backoff only the failed calls go again
+            progress.consumed.extend(request.digest for request, answer in zip(wanted, answers)
+                                     if isinstance(answer, BaseException))
             job.attempts += 1
             job.retry_at_ms = now_ms + retry.backoff_ms(job.attempts)
             progress.state, progress.error = "failed", error
             return progress
+        progress.consumed.extend(request.digest for request in wanted)
         results = [answer for answer in answers if isinstance(answer, ChatResult)]
         progress.results.extend(results)
         value = job.advance(context, results)

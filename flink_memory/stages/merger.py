@@ -118,6 +118,9 @@ class MergerCore:
         for job in running:
             effects.dead_letters.append(DeadLetter(raw=job.model_dump_json(), reason=reason, stage="internal",
                                                    record_id=job.node_id))
+            for old_id in job.replaces:  # a revision given up: the node it was remaking is no longer remade
+                if (old := state.entry(NODES, old_id)) is not None and old.revising == job.node_id:
+                    state.put(NODES, old_id, old.model_copy(update={"revising": None}))
         state.clear_map(MERGES)
         state.set(GLOBAL, None)
         for slots in tree.levels:
@@ -211,9 +214,9 @@ class MergerCore:
         if parent is None:
             effects.counts["replacements_unplaced"] += 1
             return
-        if parent.revising is not None:  # a revision of the parent is being made: it takes this change too
-            job = state.entry(MERGES, parent.revising)
-            self._rebuild(state, tree, job, _swap(job.child_ids, old_id, new), finished, now_ms, effects)
+        revising = state.entry(MERGES, parent.revising) if parent.revising is not None else None
+        if revising is not None:  # a revision of the parent is being made: it takes this change too
+            self._rebuild(state, tree, revising, _swap(revising.child_ids, old_id, new), finished, now_ms, effects)
             return
         base, number = revision_of(old.parent)
         job = ParentJob(node_id=f"{base}-r{number + 1}", level=parent.node.level, children=[],

@@ -40,9 +40,9 @@ from flink_memory.records import (
     InputRecord,
     record_from_json,
 )
-from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive
+from flink_memory.stages.calls import Effects, Finished, RecordFault, RetryPolicy, drive
 from flink_memory.stages.messages import ForgetAgent, Retract
-from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
+from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, decode_state
 
 HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
 LEGACY_QUEUE = "queue"
@@ -129,7 +129,7 @@ class PlannerCore:
         if head.first == head.next:  # nothing waits before it: handle it at once, queue it only if it must wait
             effects = Effects()
             entry = QueuedRecord(payload=payload)
-            if self._handle(state, entry, finished, now_ms, effects):
+            if self._guarded(state, entry, None, finished, now_ms, effects):
                 self._sweep(state, now_ms, effects)
                 return effects
             state.put(QUEUE, _key(head.next), entry)
@@ -146,15 +146,20 @@ class PlannerCore:
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         return self.on_wake(state, finished, now_ms)
 
-    def evict(self, state: StateTransaction, reason: str) -> Effects:
-        """The record at the head of the queue becomes a dead letter (an error of ours kept repeating on it);
-        the records behind it go on."""
+    def evict(self, state: StateTransaction, reason: str, seq: int | None = None) -> Effects:
+        """The queued record `seq` (default: the head) becomes a dead letter (an error of ours kept repeating
+        on it); the records around it go on. An update it was making is undone: the version before stays."""
         head = self._head(state)
         effects = Effects()
-        if head.first < head.next:
-            entry = state.entry(QUEUE, _key(head.first))
-            effects.dead_letters.append(_dead(record_from_json(json.loads(entry.payload)), reason, "internal"))
-            state.put(QUEUE, _key(head.first), None)
+        seq = head.first if seq is None else seq
+        entry = state.entry(QUEUE, _key(seq)) if head.first <= seq < head.next else None
+        if entry is not None:
+            record = record_from_json(json.loads(entry.payload))
+            effects.dead_letters.append(_dead(record, reason, "internal"))
+            if entry.checked:  # accepted in an earlier activation, while its plan was being made
+                state.put(SOURCES, record.id, entry.previous)
+            state.put(QUEUE, _key(seq), None)
+        while head.first < head.next and state.entry(QUEUE, _key(head.first)) is None:
             head.first += 1
         state.set(HEAD, head if head.first < head.next else None)
         return effects
@@ -177,7 +182,10 @@ class PlannerCore:
         effects = Effects()
         while head.first < head.next:
             entry = state.entry(QUEUE, _key(head.first))
-            if not self._handle(state, entry, finished, now_ms, effects):
+            if entry is None:  # (a record dead-lettered out of the middle of the queue)
+                head.first += 1
+                continue
+            if not self._guarded(state, entry, head.first, finished, now_ms, effects):
                 state.put(QUEUE, _key(head.first), entry)
                 break
             state.put(QUEUE, _key(head.first), None)
@@ -187,6 +195,16 @@ class PlannerCore:
         return effects
 
     # --- one record ----------------------------------------------------------------------------------
+
+    def _guarded(self, state: StateTransaction, entry: QueuedRecord, seq: int | None, finished: Finished,
+                 now_ms: int, effects: Effects) -> bool:
+        """`_handle`, with an error of ours blamed on this record (see RecordFault)."""
+        try:
+            return self._handle(state, entry, finished, now_ms, effects)
+        except StateVersionError:  # state this release cannot read: the job stops with the reason
+            raise
+        except Exception as exc:
+            raise RecordFault(entry.payload, seq, exc) from exc
 
     def _handle(self, state: StateTransaction, entry: QueuedRecord, finished: Finished, now_ms: int,
                 effects: Effects) -> bool:
