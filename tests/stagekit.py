@@ -52,6 +52,30 @@ def live(summaries: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return [n for n in summaries if (n["agent_id"], n["node_id"]) not in replaced]
 
 
+class InFlight(dict):
+    """The pool's finished calls, with the `held` ones still running (not answered yet)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.held: set[str] = set()
+
+    def get(self, digest: str, default: Any = None) -> Any:
+        return default if digest in self.held else super().get(digest, default)
+
+
+def hold_plans(pipeline: Pipeline) -> InFlight:
+    """Keep every plan call in flight until `held` is cleared: the records behind it queue in the planner."""
+    finished, answer = InFlight(), pipeline.answer
+
+    def holding(request: ChatRequest) -> ChatResult:
+        if request.kind == "plan":
+            finished.held.add(request.digest)
+        return answer(request)
+
+    pipeline.finished, pipeline.answer = finished, holding
+    return finished
+
+
 @dataclass
 class Stage:
     name: str

@@ -5,7 +5,7 @@ import math
 from collections import Counter
 
 import pytest
-from stagekit import Pipeline, cfg, keeping_answer, live, summary_answer
+from stagekit import Pipeline, cfg, hold_plans, keeping_answer, live, summary_answer
 
 
 def item(agent, i, fact=None):
@@ -142,24 +142,13 @@ def test_a_long_stream_keeps_state_per_agent_bounded():
 
 def test_records_queued_behind_a_forget_survive_it():
     """A forget waiting behind a conversation being planned drops what came before it, not what came after."""
-    held: set[str] = set()
-
-    class InFlight(dict):  # the pool's finished calls, with the plan calls still running
-        def get(self, digest, default=None):
-            return default if digest in held else super().get(digest, default)
-
-    def answer(request):
-        if request.kind == "plan":
-            held.add(request.digest)
-        return keeping_answer(request)
-
     pipeline = Pipeline(cfg("chunking.max_chunk_tokens=400", "batching.max_items=3", "summarization.fan_in=2"),
-                        answer)
-    pipeline.finished = InFlight()
+                        keeping_answer)
+    in_flight = hold_plans(pipeline)
     pipeline.feed(item("a", 0), conversation("a", "x", 10), {"agent_id": "a", "forget": True}, item("a", 1),
                   item("a", 2))
-    assert held  # the conversation is being planned: the forget and what follows wait behind it
-    held.clear()
+    assert in_flight.held  # the conversation is being planned: the forget and what follows wait behind it
+    in_flight.held.clear()
     pipeline.end()
     assert not pipeline.dead_letters
     assert live_units(pipeline, "a") == Counter(["m1", "m2"])

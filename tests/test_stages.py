@@ -4,7 +4,7 @@ import json
 import math
 
 import pytest
-from stagekit import Pipeline, cfg, summary_answer
+from stagekit import Pipeline, cfg, hold_plans, summary_answer
 
 from flink_memory.llm.types import ContextOverflow, LLMCallError
 from flink_memory.state import (
@@ -357,21 +357,10 @@ def test_an_error_on_a_queued_record_is_blamed_on_it_and_evicting_it_spares_the_
     """The poison waits behind a conversation being planned; the record that wakes the queue is innocent."""
     from flink_memory.stages.calls import RecordFault
 
-    held: set[str] = set()
-
-    class InFlight(dict):  # the pool's finished calls, with the plan calls still running
-        def get(self, digest, default=None):
-            return default if digest in held else super().get(digest, default)
-
-    def answer(request):
-        if request.kind == "plan":
-            held.add(request.digest)
-        return planner_answer()(request)
-
-    pipeline = Pipeline(cfg(*PLANNED, "batching.max_items=100", "job.inject_failure=record:a/m1"), answer)
-    pipeline.finished = InFlight()
+    pipeline = Pipeline(cfg(*PLANNED, "batching.max_items=100", "job.inject_failure=record:a/m1"), planner_answer())
+    in_flight = hold_plans(pipeline)
     pipeline.feed(conversation("a", "x"), item("a", 1), item("a", 2))  # m1 and m2 queue behind the plan
-    held.clear()
+    in_flight.held.clear()
     with pytest.raises(RecordFault) as caught:
         pipeline.feed(item("a", 3))  # the drain reaches m1
     assert json.loads(caught.value.payload)["id"] == "m1" and caught.value.seq is not None
