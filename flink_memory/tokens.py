@@ -21,6 +21,7 @@ import logging
 import math
 import re
 import threading
+import time
 import urllib.request
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -290,6 +291,10 @@ class Calibration:
         """The most conservative scale: the largest ratio of any kind."""
         return self.scale_for(None)
 
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.ratios)
+
     def observe(self, ours: int, reported: int, kind: str = "") -> bool:
         """Learn from one report; True when a ratio grew (worth keeping for the next start)."""
         if ours <= 0 or reported <= 0:
@@ -323,7 +328,11 @@ class TokenCounter:
         self._cache: OrderedDict[bytes, int] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
-        self.unreachable = 0  # texts a remote tokenizer could not count
+        self.unreachable = 0  # times a remote tokenizer could not count a text
+        # after a failure the estimate counts for a while (one waiting request per text would stall the job);
+        # a text counted so keeps that count while cached, so one job's packing of it never changes
+        self.unreachable_pause_s = 30.0
+        self._unreachable_until = 0.0
 
     @property
     def exact(self) -> bool:
@@ -344,14 +353,17 @@ class TokenCounter:
             if key in self._cache:
                 self._cache.move_to_end(key)
                 return self._cache[key]
-        try:
-            value = self.tokenizer.count(text)
-        except TokenizerUnreachable as exc:
-            self.unreachable += 1
-            if self.unreachable in (1, 10, 100) or self.unreachable % 1000 == 0:
-                log.warning("tokenizer unreachable (%d times so far), counting with the estimate: %s",
-                            self.unreachable, exc)
-            return estimate_tokens(text)  # an upper bound of the exact count; not kept
+        if time.monotonic() < self._unreachable_until:
+            value = estimate_tokens(text)
+        else:
+            try:
+                value = self.tokenizer.count(text)
+            except TokenizerUnreachable as exc:
+                self.unreachable += 1
+                self._unreachable_until = time.monotonic() + self.unreachable_pause_s
+                log.warning("tokenizer unreachable (%d times so far), counting with the estimate for %.0f s: %s",
+                            self.unreachable, self.unreachable_pause_s, exc)
+                value = estimate_tokens(text)  # an upper bound of the exact count, kept like one
         with self._lock:
             self._cache[key] = value
             if len(self._cache) > self._cache_size:

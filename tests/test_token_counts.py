@@ -204,21 +204,27 @@ def test_a_restarted_client_packs_with_what_the_journal_learned(tmp_path):
 
 
 def test_a_tokenizer_that_stops_answering_is_replaced_by_the_estimate_until_it_answers_again():
-    """A restarting llama.cpp server must not become an error of the job: the estimate bounds the count."""
+    """A restarting llama.cpp server must not become an error of the job: the estimate bounds the count, a
+    text keeps the count it got (a job packs it the same way twice), and the server is left alone a while."""
     from flink_memory.tokens import TokenizerUnreachable, estimate_tokens
 
     class Flaky:
         name, exact, per_message, per_request = "flaky", True, 4, 3
-        down = True
+        down, asked = True, 0
 
         def count(self, text):
+            self.asked += 1
             if self.down:
                 raise TokenizerUnreachable("connection refused")
             return len(text) // 4
 
     tokenizer = Flaky()
     counter = TokenCounter(tokenizer, make_calibration(tokenizer))
-    text = SENTENCES[0].format(k=1)
-    assert counter.raw(text) == estimate_tokens(text) >= len(text) // 4 and counter.unreachable == 1
+    first, second, third = (SENTENCES[k].format(k=k) for k in range(3))
+    assert counter.raw(first) == estimate_tokens(first) >= len(first) // 4 and counter.unreachable == 1
+    assert counter.raw(second) == estimate_tokens(second) and tokenizer.asked == 1  # not asked while paused
     tokenizer.down = False
-    assert counter.raw(text) == len(text) // 4  # the fallback was not kept
+    counter.unreachable_pause_s = 0.0
+    counter._unreachable_until = 0.0  # the pause is over
+    assert counter.raw(first) == estimate_tokens(first)  # the count it got stays while cached
+    assert counter.raw(third) == len(third) // 4 and tokenizer.asked == 2

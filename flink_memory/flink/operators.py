@@ -53,7 +53,7 @@ CORES = {"planner": PlannerCore, "batcher": BatcherCore, "merger": MergerCore}
 # Between stages: "this agent's input has ended here" (a stage's own keyed records are JSON objects).
 END_OF_INPUT = "end-of-input"
 MAX_EVICTIONS = 1000  # queued records one activation may dead-letter before it gives up (a loop guard)
-VALUE_CACHE_SIZE = 200_000  # cached value states per stage function (a few per agent), then started afresh
+VALUE_CACHE_SIZE = 20_000  # cached value states per stage function (a few per agent), then started afresh
 
 
 def _fault_hook(spec: str | None, stage: str, count: int) -> None:

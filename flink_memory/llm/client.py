@@ -265,7 +265,8 @@ class LLMClient:
                 too_long, reported = length_rejection(exc)
                 if too_long:
                     self.stats.add(context_rejections=1)
-                    self._observe(messages, reported or estimate + estimate // 4 + 1, request.kind)
+                    # (a rejection's count may include the output: learned here, never kept for later jobs)
+                    self.counter.observe(messages, reported or estimate + estimate // 4 + 1, request.kind)
                     raise ContextOverflow(f"provider rejected the prompt for its length: {_safe_message(exc)}") \
                         from None
                 raise LLMCallError(f"{type(exc).__name__}: {_safe_message(exc)}") from None
@@ -307,10 +308,11 @@ class LLMClient:
 
     def _observe(self, messages: list[dict[str, Any]], reported: int, kind: str) -> None:
         """Calibrate from a count the provider reported; a ratio that grew is kept in the journal, so a job
-        restored after a failure starts from it and packs (and so asks) as the failed one did."""
+        restored after a failure starts from what the failed one had learned and mostly packs as it did (work
+        packed before a ratio last grew can still be cut differently and asked again)."""
         if self.counter.observe(messages, reported, kind) and self.journal is not None and not self.counter.exact:
             try:
-                self.journal.save_calibration(self.calibration_name, self.counter.calibration.ratios)
+                self.journal.save_calibration(self.calibration_name, self.counter.calibration.snapshot())
             except Exception as exc:  # noqa: BLE001 - a journal that cannot keep it costs packing, never a call
                 log.warning("token calibration not kept in the journal: %s", exc)
 

@@ -121,6 +121,10 @@ class MergerCore:
             for old_id in job.replaces:  # a revision given up: the node it was remaking is no longer remade
                 if (old := state.entry(NODES, old_id)) is not None and old.revising == job.node_id:
                     state.put(NODES, old_id, old.model_copy(update={"revising": None}))
+                    for child_id in job.child_ids:  # and its children are the old node's again
+                        child = state.entry(NODES, child_id)
+                        if child is not None and child.parent == job.node_id:
+                            state.put(NODES, child_id, child.model_copy(update={"parent": old_id}))
         state.clear_map(MERGES)
         state.set(GLOBAL, None)
         for slots in tree.levels:

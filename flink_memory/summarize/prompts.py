@@ -128,8 +128,11 @@ def entry_room(budget: Budget, purpose: Purpose, target_tokens: int, scale: floa
 
 
 def child_target(budget: Budget, fan_in: int) -> int:
-    """Length to ask of a summary that a merge will combine with fan_in - 1 siblings."""
-    room = entry_room(budget, "merge", budget.max_output_tokens)
+    """Length to ask of a summary that a merge will combine with fan_in - 1 siblings.
+
+    The merge frame is counted uncalibrated (scale 1, an upper bound): the target is in every batch and merge
+    prompt, so it must not depend on what a process has learned, or a restored job would ask differently."""
+    room = entry_room(budget, "merge", budget.max_output_tokens, 1.0)
     return max(16, min(budget.max_output_tokens, room // fan_in - 8))
 
 
