@@ -125,8 +125,10 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline,
     input_dir = write_lines(tmp_path / "input" / "part-0.jsonl", workload()).parent
     output, journal = tmp_path / "output", tmp_path / "journal.sqlite"
     expected = batch_units(baseline[0]["summaries"])
-    # slow plans (1 s each, planned one at a time per agent) leave some unplanned at the first checkpoints
-    with ScriptedServer(lambda body: slow_script(body, planner_s=1.0)) as server:
+    # slow plans (2 s each, planned one at a time per agent) leave some unplanned at the first checkpoints
+    # (manifests become visible a checkpoint at a time: with faster plans a slow checkpoint in process mode
+    # could show them all at once, before the kill)
+    with ScriptedServer(lambda body: slow_script(body, planner_s=2.0)) as server:
         first = spawn(cli_command(input_dir, output, server, journal, *SETTINGS, "batching.flush_after_s=600",
                                   "job.recheck_s=2", f"job.execution_mode={mode}", args=("--follow",)),
                       tmp_path / "first.log")
