@@ -181,6 +181,7 @@ def test_postgres_journal_survives_a_dropped_connection(postgres_url):
     assert journal.get(digest(body), body).text == "answer 0/1"  # reconnected once, same answer
 
 
+@pytest.mark.slow  # a pytest run in a subprocess per case
 @pytest.mark.parametrize("ci, outcome, reason", [("true", "1 error", "PostgreSQL tests cannot run"),
                                                  ("", "1 skipped", "no PostgreSQL server can be started here")])
 def test_without_postgres_the_tests_say_so_and_fail_under_ci(tmp_path, ci, outcome, reason):
