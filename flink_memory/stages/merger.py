@@ -171,14 +171,18 @@ class MergerCore:
                          job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in children],
                                        target_tokens=self.merge_target))
 
+    def _parent_text(self, job: ParentJob, finished: Finished, now_ms: int, effects: Effects) -> str | None:
+        """A merge's or global's text once made (None while its calls run). One child is its own summary and
+        none an empty one: no call for either."""
+        if len(job.children) <= 1:
+            return job.job.entries[0]["text"] if job.children else ""
+        progress = drive(job.job, self.factory, finished, now_ms, self.retry)
+        effects.track(progress, job.job)
+        return progress.value if progress.state == "done" else None
+
     def _run_merge(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, finished: Finished,
                    now_ms: int, effects: Effects) -> None:
-        if len(job.children) <= 1:  # one child (or none left) is its own merge: no call
-            text: str | None = job.job.entries[0]["text"] if job.children else ""
-        else:
-            progress = drive(job.job, self.factory, finished, now_ms, self.retry)
-            effects.track(progress, job.job)
-            text = progress.value if progress.state == "done" else None
+        text = self._parent_text(job, finished, now_ms, effects)
         if text is None:
             state.put(MERGES, job.node_id, job)
             return
@@ -282,12 +286,7 @@ class MergerCore:
 
     def _run_global(self, state: StateTransaction, tree: SummaryTree, clock: Clock, pending: ParentJob,
                     finished: Finished, now_ms: int, effects: Effects) -> None:
-        if len(pending.children) <= 1:  # one node is its own global summary, none an empty one: no call
-            text: str | None = pending.job.entries[0]["text"] if pending.children else ""
-        else:
-            progress = drive(pending.job, self.factory, finished, now_ms, self.retry)
-            effects.track(progress, pending.job)
-            text = progress.value if progress.state == "done" else None
+        text = self._parent_text(pending, finished, now_ms, effects)
         if text is None:
             state.set(GLOBAL, pending)
             return
