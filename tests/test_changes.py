@@ -187,3 +187,9 @@ def test_a_revision_that_keeps_failing_gives_up_without_leaving_the_retracted_te
     pipeline.end()  # nothing is left failing
     assert "Person1 " not in live_text(pipeline, "a") and live_units(pipeline, "a") == Counter()
     assert pipeline.current("a")["item_count"] == 0
+
+
+def test_the_first_node_of_an_agent_already_schedules_the_mergers_sweep():
+    """The merger's clock is created by the first node's activation; the sweep it schedules must not be lost."""
+    pipeline = run("batching.max_items=1", bounded=False).feed(item("a", 0)).settle()
+    assert (2, "a") in pipeline.sweeps  # (stage index, agent)

@@ -17,7 +17,7 @@ from pydantic import Field
 from flink_memory.config import Config
 from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
-from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive
+from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Retract, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
@@ -241,7 +241,7 @@ class BatcherCore:
             state.put(DONE, _key(batch.seq), DoneBatch(seq=batch.seq, units=batch.units, live=batch_id(batch.seq),
                                                        newest_ms=newest or now_ms))
             if meta.next_sweep_ms is None:
-                meta.next_sweep_ms = now_ms + self._sweep_step()
+                meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             meta.next_emit += 1
 
     def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
@@ -329,9 +329,6 @@ class BatcherCore:
 
     # --- bounded state -------------------------------------------------------------------------------
 
-    def _sweep_step(self) -> int:
-        return max(1000, self.editable_ms // 10)
-
     def _sweep(self, state: StateTransaction, meta: BatcherMeta, now_ms: int) -> None:
         """Emitted batches whose newest unit is older than memory.editable_for keep only their summary."""
         if meta.next_sweep_ms is None or now_ms < meta.next_sweep_ms:
@@ -341,7 +338,7 @@ class BatcherCore:
                 for unit in done.units:
                     state.put(HOMES, unit.unit_id, None)
                 state.put(DONE, key, None)
-        meta.next_sweep_ms = now_ms + self._sweep_step() if state.keys(DONE) else None
+        meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if state.keys(DONE) else None
 
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
                 now_ms: int) -> Effects:

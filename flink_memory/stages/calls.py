@@ -36,6 +36,11 @@ class CallJob(Protocol):
         """A request was refused for its length: re-pack smaller; False once that was tried too often."""
 
 
+def sweep_step_ms(editable_ms: int) -> int:
+    """How often a stage looks for state older than memory.editable_for: a tenth of it, at least a second."""
+    return max(1000, editable_ms // 10)
+
+
 class RecordFault(Exception):
     """An error of ours while handling one record a stage holds (`seq` in its queue, None: the incoming one).
 

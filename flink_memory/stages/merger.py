@@ -21,7 +21,7 @@ from pydantic import Field
 from flink_memory.config import Config
 from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, SummaryNode
-from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive
+from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 from flink_memory.summarize.prompts import child_target
@@ -342,7 +342,7 @@ class MergerCore:
     def _schedule_sweep(self, state: StateTransaction, now_ms: int) -> None:
         clock = state.get(CLOCK, Clock) or Clock()
         if clock.next_sweep_ms is None:
-            clock.next_sweep_ms = now_ms + max(1000, self.editable_ms // 10)
+            clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             state.set(CLOCK, clock)
 
     def _sweep(self, state: StateTransaction, tree: SummaryTree, clock: Clock, now_ms: int) -> None:
@@ -354,11 +354,14 @@ class MergerCore:
             parent = state.entry(NODES, stored.parent)
             if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.revising is None):
                 state.put(NODES, key, None)
-        clock.next_sweep_ms = now_ms + max(1000, self.editable_ms // 10) if len(merged) else None
+        clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if merged else None
 
     def _load(self, state: StateTransaction) -> tuple[SummaryTree, Clock]:
         tree = state.get(TREE, SummaryTree) or SummaryTree()
-        clock = state.get(CLOCK, Clock) or Clock()
+        clock = state.get(CLOCK, Clock)
+        if clock is None:  # one object for the whole activation: _schedule_sweep reads it from state again
+            clock = Clock()
+            state.set(CLOCK, clock)
         self._migrate(state, tree, clock)
         return tree, clock
 

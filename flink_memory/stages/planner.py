@@ -40,7 +40,7 @@ from flink_memory.records import (
     InputRecord,
     record_from_json,
 )
-from flink_memory.stages.calls import Effects, Finished, RecordFault, RetryPolicy, drive
+from flink_memory.stages.calls import Effects, Finished, RecordFault, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Retract
 from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, decode_state
 
@@ -377,11 +377,8 @@ class PlannerCore:
     def _remember(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
         """Something was stored that must expire: make sure a sweep is scheduled."""
         if state.get(CLOCK, PlannerClock) is None:
-            state.set(CLOCK, PlannerClock(next_sweep_ms=now_ms + self._sweep_step()))
+            state.set(CLOCK, PlannerClock(next_sweep_ms=now_ms + sweep_step_ms(self.editable_ms)))
         effects.sweep(state.get(CLOCK, PlannerClock).next_sweep_ms)
-
-    def _sweep_step(self) -> int:
-        return max(1000, self.editable_ms // 10)
 
     def _sweep(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
         """Seal records older than memory.editable_for, forget ids twice as old and plans as old; schedule the
@@ -408,6 +405,6 @@ class PlannerCore:
             if not state.keys(SOURCES) and not state.keys(PLANS):
                 state.set(CLOCK, None)
                 return
-            clock.next_sweep_ms = now_ms + self._sweep_step()
+            clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             state.set(CLOCK, clock)
         effects.sweep(clock.next_sweep_ms)
