@@ -99,8 +99,8 @@ class TokenizerUnavailable(RuntimeError):
 
 
 class TokenizerUnreachable(RuntimeError):
-    """A remote tokenizer did not answer for one text (the server restarts, the network drops): that text is
-    counted with the estimate, an upper bound, and asked again next time."""
+    """A remote tokenizer did not answer (the server restarts, the network drops): texts are counted with the
+    estimate, an upper bound, until it is asked again (TokenCounter.unreachable_pause_s)."""
 
 
 @dataclass

@@ -123,23 +123,16 @@ class RowJournal(ABC):
         Kept beside the results, so the count survives the restart that the first occurrence causes.
         """
         key = "fault:" + fault_key
-        row = self._select(key)
-        seen = 0
-        if row is not None and _checksum(key, row[1]) == row[2]:
-            seen = int(json.loads(row[1]).get("faults", 0))
-        body = json.dumps({"faults": seen + 1})
-        self._upsert(Row(key, key, body, _checksum(key, body), time.time()))
-        return seen + 1
+        seen = int((self._get_note(key) or {}).get("faults", 0)) + 1
+        self._put_note(key, {"faults": seen})
+        return seen
 
     def calibration(self, name: str) -> dict[str, float]:
         """The token-count ratios per request kind learned for one provider and model (empty if none)."""
-        key = "calibration:" + name
-        row = self._select(key)
-        if row is None or _checksum(key, row[1]) != row[2]:
-            return {}
         try:
-            return {str(kind): float(ratio) for kind, ratio in json.loads(row[1])["ratios"].items()}
-        except (KeyError, TypeError, ValueError, AttributeError):
+            return {str(kind): float(ratio) for kind, ratio in (self._get_note("calibration:" + name) or {})
+                    .get("ratios", {}).items()}
+        except (TypeError, ValueError, AttributeError):
             return {}
 
     def save_calibration(self, name: str, ratios: dict[str, float]) -> None:
@@ -147,8 +140,21 @@ class RowJournal(ABC):
         merged = self.calibration(name)
         for kind, ratio in ratios.items():
             merged[kind] = max(merged.get(kind, 0.0), ratio)
-        key = "calibration:" + name
-        body = json.dumps({"ratios": merged}, sort_keys=True)
+        self._put_note("calibration:" + name, {"ratios": merged})
+
+    def _get_note(self, key: str) -> dict[str, Any] | None:
+        """A bookkeeping row kept beside the results (fault counts, calibration); None if absent or altered."""
+        row = self._select(key)
+        if row is None or _checksum(key, row[1]) != row[2]:
+            return None
+        try:
+            data = json.loads(row[1])
+        except ValueError:
+            return None
+        return data if isinstance(data, dict) else None
+
+    def _put_note(self, key: str, data: dict[str, Any]) -> None:
+        body = json.dumps(data, sort_keys=True)
         self._upsert(Row(key, key, body, _checksum(key, body), time.time()))
 
     def prune(self) -> None:
