@@ -42,10 +42,15 @@ def chunk_digest(chunk: dict[str, Any]) -> str:
 UPDATE_FIELDS = {"replaces_input_digest", "replace_reason"}
 
 
-def seal(manifest: ChunkManifest) -> ChunkManifest:
-    """Set the digest over every field (the update fields only when set, so plans stored before them verify)."""
+def _fields(manifest: ChunkManifest, *, exclude: frozenset[str] = frozenset()) -> dict:
+    """The manifest as JSON data; the update fields only when set, so plans stored before them still verify."""
     unset = {name for name in UPDATE_FIELDS if getattr(manifest, name) is None}
-    body = manifest.model_dump(mode="json", exclude={"manifest_digest"} | unset)
+    return manifest.model_dump(mode="json", exclude=exclude | unset)
+
+
+def seal(manifest: ChunkManifest) -> ChunkManifest:
+    """Set the digest over every field but the digest."""
+    body = _fields(manifest, exclude=frozenset({"manifest_digest"}))
     return manifest.model_copy(update={"manifest_digest": digest(body)})
 
 
@@ -126,5 +131,4 @@ def verify_chunks(manifest: ChunkManifest, chunks: Sequence[dict[str, Any]]) -> 
 
 
 def manifest_json(manifest: ChunkManifest) -> str:
-    unset = {name for name in UPDATE_FIELDS if getattr(manifest, name) is None}
-    return canonical_json(manifest.model_dump(mode="json", exclude=unset))
+    return canonical_json(_fields(manifest))
