@@ -19,7 +19,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from flink_memory.databases import is_postgres
+from flink_memory.databases import is_postgres, sqlite_path
 
 ENV_PREFIX = "FLINK_MEMORY__"
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
@@ -135,11 +135,11 @@ class StoreConfig(_Section):
         if self.url is not None:
             if is_postgres(self.url):
                 return self.url
-            return str(Path(self.url.removeprefix("file://")).resolve())
+            return str(sqlite_path(self.url).resolve())
         if "://" in output_dir and not output_dir.startswith("file://"):
             raise ConfigError(f"store.url must be set when the output is not a local path ({output_dir}): a "
                               "postgresql:// URL or a local SQLite file; or set store.enabled: false")
-        return str(Path(output_dir.removeprefix("file://")).resolve() / "memory.sqlite")
+        return str(sqlite_path(output_dir).resolve() / "memory.sqlite")
 
 
 class CheckpointingConfig(_Section):
