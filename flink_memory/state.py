@@ -23,6 +23,7 @@ STATE_VERSION = 2
 LEGACY_VERSION = 1
 
 M = TypeVar("M", bound=BaseModel)
+_CURRENT = f'{{"v":{STATE_VERSION},'  # how dump_model starts every value it writes
 
 
 class StateVersionError(RuntimeError):
@@ -39,6 +40,11 @@ class StateModel(BaseModel):
 
 def load_model(model: type[M], raw: str) -> M:
     """Parse one stored value; a value of another layout version stops with the reason, never misreads."""
+    if raw.startswith(_CURRENT):  # the common case, parsed in one pass; anything else gets the careful path
+        try:
+            return model.model_validate_json(raw)
+        except ValidationError:
+            pass
     try:
         data = json.loads(raw)
     except ValueError as exc:

@@ -16,6 +16,7 @@ a configuration accepted at start never produces a request that does not fit.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -32,7 +33,13 @@ import xxhash
 
 log = logging.getLogger(__name__)
 
-_PIECES = re.compile(r"[A-Za-z]+|[0-9]|[ \t]+|\n+|[\x21-\x7e]|[^\x00-\x7f]|[\x00-\x1f\x7f]")
+# The estimate by character class, each class counted by one regex pass (C speed; letter runs cached):
+# letter runs by _letter_run, digits / ASCII punctuation / control characters one token each, a run of spaces
+# and tabs 1 + len // 4, each newline one, a non-ASCII character one per UTF-8 byte.
+_LETTERS = re.compile(r"[A-Za-z]+")
+_SINGLES = re.compile(r"[\x00-\x08\x0b-\x1f\x7f0-9\x21-\x40\x5b-\x60\x7b-\x7e]")
+_SPACES = re.compile(r"[ \t]+")
+_NON_ASCII = re.compile(r"[^\x00-\x7f]+")
 
 # Template overhead assumed by the estimate (role markers and separators per message, reply priming).
 MESSAGE_OVERHEAD = 8
@@ -40,20 +47,11 @@ REQUEST_OVERHEAD = 16
 
 
 def estimate_tokens(text: str) -> int:
-    """An upper bound on the tokens of `text` for common BPE tokenizers."""
-    total = 0
-    for piece in _PIECES.findall(text):
-        first = piece[0]
-        if first.isascii() and first.isalpha():
-            total += _letter_run(piece)
-        elif first in " \t":
-            total += 1 + len(piece) // 4
-        elif first == "\n":
-            total += len(piece)
-        elif first.isascii():
-            total += 1
-        else:
-            total += len(piece.encode("utf-8", errors="surrogatepass"))
+    """An upper bound on the tokens of `text` for common BPE tokenizers (never above its UTF-8 bytes)."""
+    total = sum(map(_letter_run, _LETTERS.findall(text))) + len(_SINGLES.findall(text)) + text.count("\n")
+    total += sum(1 + len(run) // 4 for run in _SPACES.findall(text))
+    if not text.isascii():
+        total += sum(len(run.encode("utf-8", errors="surrogatepass")) for run in _NON_ASCII.findall(text))
     return total
 
 
@@ -61,6 +59,7 @@ _WORDLIKE = re.compile(r"^[A-Z]?[a-z]+$|^[A-Z]{1,4}$")
 _CONSONANTS = re.compile(r"[^aeiouyAEIOUY]{5,}")
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def _letter_run(piece: str) -> int:
     """Dictionary-like words pack about 3+ letters a token; random strings (keys, hashes) barely 1.3."""
     n = len(piece)
@@ -325,7 +324,7 @@ class TokenCounter:
                  cache_size: int = 100_000) -> None:
         self.tokenizer: Tokenizer = tokenizer or EstimateTokenizer()
         self.calibration = calibration or Calibration(initial=1.0)
-        self._cache: OrderedDict[bytes, int] = OrderedDict()
+        self._cache: OrderedDict[bytes, int] = OrderedDict()  # by digest; the oldest counted leaves first
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.unreachable = 0  # times a remote tokenizer could not count a text
@@ -349,10 +348,9 @@ class TokenCounter:
 
     def raw(self, text: str) -> int:
         key = xxhash.xxh3_64_digest(text.encode("utf-8", errors="surrogatepass"))
-        with self._lock:
-            if key in self._cache:
-                self._cache.move_to_end(key)
-                return self._cache[key]
+        cached = self._cache.get(key)  # (packing asks for the same texts again and again: no lock on a hit)
+        if cached is not None:
+            return cached
         if time.monotonic() < self._unreachable_until:
             value = estimate_tokens(text)
         else:

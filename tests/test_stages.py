@@ -208,6 +208,19 @@ def test_adding_a_unit_writes_one_entry_not_the_whole_buffer():
     assert len(written) == 2 * 200 and max(written) < 400
 
 
+def test_a_unit_that_closes_no_batch_reads_no_pending_batch():
+    """Batches leave when one is summarized (a wake); a state read per unit would cost a JVM call each."""
+    pipeline = Pipeline(cfg("batching.max_items=2"))
+    pipeline.feed(item("a", 0), item("a", 1))  # batch 1 is closed and in flight
+    backend = pipeline.stages[1].state
+    reads, original = [], backend.read_entry
+    backend.read_entry = lambda name, key: reads.append(name) or original(name, key)
+    pipeline.feed(item("a", 2))
+    assert reads == []
+    pipeline.settle()
+    assert [b["children"] for b in pipeline.nodes("batch")] == [["m0", "m1"]]
+
+
 # --- merger ----------------------------------------------------------------------------------------------
 
 

@@ -40,6 +40,13 @@ def test_estimates_are_monotonic_in_length():
     assert values == sorted(values)
 
 
+@settings(max_examples=500, deadline=None)
+@given(st.text(max_size=300))
+def test_the_estimate_never_exceeds_the_utf8_bytes(text):
+    """The planner lets a short item skip the estimate on this bound (4 bytes a character at most)."""
+    assert estimate_tokens(text) <= len(text.encode("utf-8", errors="surrogatepass")) <= 4 * len(text)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(min_size=1, max_size=2000), st.integers(min_value=8, max_value=300))
 def test_split_text_rejoins_and_respects_budget(text, budget):

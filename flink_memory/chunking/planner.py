@@ -174,7 +174,8 @@ class ChunkPlanner:
 
     def _route_item(self, record: MemoryItem) -> Routed:
         ts = format_ts(record.ts)
-        if estimate_tokens(record.text) <= self.max_tokens:
+        # (the estimate never exceeds a text's UTF-8 bytes, at most 4 a character: short items skip it)
+        if len(record.text) * 4 <= self.max_tokens or estimate_tokens(record.text) <= self.max_tokens:
             return Routed([_unit(record, record.id, record.text, ts)], None)
         parts = split_text(record.text, self.part_tokens)
         chunks = [{"index": k, "start": k, "end": k, "text": part, "tokens": estimate_tokens(part),

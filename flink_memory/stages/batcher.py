@@ -111,10 +111,12 @@ class BatcherCore:
         effects.counts["units_in"] += 1
         opened = [self._open_batch(state, meta, taken) for taken in
                   buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget)]
+        summarized = False  # (only a batch summarized now can let batches leave: the others wait for a wake)
         for batch in opened:
             if batch is not None:
                 self._drive(state, batch, finished, now_ms, effects)
-        return self._finish(state, buffer, meta, effects, now_ms)
+                summarized = summarized or batch.text is not None
+        return self._finish(state, buffer, meta, effects, now_ms, emit=summarized)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
@@ -341,8 +343,9 @@ class BatcherCore:
         meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if state.keys(DONE) else None
 
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
-                now_ms: int) -> Effects:
-        self._emit(state, meta, effects, now_ms)
+                now_ms: int, *, emit: bool = True) -> Effects:
+        if emit:
+            self._emit(state, meta, effects, now_ms)
         due = self._flush_due(buffer, meta)
         if buffer.count and due is not None:
             effects.wake(max(due, now_ms))

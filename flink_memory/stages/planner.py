@@ -220,9 +220,9 @@ class PlannerCore:
             return True
         if not self.planner.needs_llm(record):
             routed = self.planner.route(record)
-            if self._accept(state, record, routed.manifest.input_digest if routed.manifest else None, entry,
-                            now_ms, effects):
-                self._emit(state, record, routed, entry, now_ms, effects)
+            content = routed.manifest.input_digest if routed.manifest else item_digest(record)
+            if self._accept(state, record, content, entry, now_ms, effects):
+                self._emit(state, record, routed, entry, now_ms, effects, content=content)
             return True
         assert isinstance(record, Conversation)
         prepared = prepare(record)
@@ -354,7 +354,7 @@ class PlannerCore:
         return routed
 
     def _emit(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord, now_ms: int,
-              effects: Effects, store: bool = True) -> None:
+              effects: Effects, store: bool = True, content: str | None = None) -> None:
         previous = entry.previous
         if previous is not None:  # an update: the old version's units leave before the new ones arrive
             effects.out.append(Retract(units=previous.units, reason=f"record {record.id} updated").model_dump_json())
@@ -368,8 +368,9 @@ class PlannerCore:
                                                                 "content, so it was planned again in full")
             effects.manifests.append(manifest_json(manifest))
         units = [unit["unit_id"] for unit in routed.units]
-        state.put(SOURCES, record.id, SourceEntry(digest=manifest.input_digest if routed.manifest else
-                                                  item_digest(record), units=units, accepted_ms=now_ms))
+        if content is None:  # (the content digest `_accept` compared, when the caller has it)
+            content = manifest.input_digest if routed.manifest else item_digest(record)
+        state.put(SOURCES, record.id, SourceEntry(digest=content, units=units, accepted_ms=now_ms))
         effects.out.extend(json.dumps(unit, ensure_ascii=False) for unit in routed.units)
 
     # --- bounded state -------------------------------------------------------------------------------
