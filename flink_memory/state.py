@@ -195,10 +195,20 @@ class StateTransaction:
         for name in self._dirty_values:
             value = self._values[name]
             self.backend.write(name, None if value is None else dump_model(value))
+        stored: dict[str, dict[str, str]] = {}
         for name, key in self._dirty_entries:
             value = self._entries[(name, key)]
-            raw = value if value is None or isinstance(value, str) else dump_model(value)
-            self.backend.write_entry(name, key, raw)
+            if value is None:
+                self.backend.write_entry(name, key, None)
+            else:
+                stored.setdefault(name, {})[key] = value if isinstance(value, str) else dump_model(value)
+        write_entries = getattr(self.backend, "write_entries", None)
+        for name, entries in stored.items():
+            if write_entries is not None and len(entries) > 1:  # one call for a batch's worth of entries
+                write_entries(name, entries)
+            else:
+                for key, raw in entries.items():
+                    self.backend.write_entry(name, key, raw)
         self._dirty_values.clear()
         self._dirty_entries.clear()
 

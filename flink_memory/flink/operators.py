@@ -54,6 +54,12 @@ CORES = {"planner": PlannerCore, "batcher": BatcherCore, "merger": MergerCore}
 END_OF_INPUT = "end-of-input"
 MAX_EVICTIONS = 1000  # queued records one activation may dead-letter before it gives up (a loop guard)
 VALUE_CACHE_SIZE = 20_000  # cached value states per stage function (a few per agent), then started afresh
+METRIC_FLUSH_S = 0.5  # metric increments are summed in Python and handed to Flink at most this often
+
+
+def _now_ms() -> int:
+    """Processing time, read in Python: Flink's is the same wall clock, and asking it is a call into the JVM."""
+    return time.time_ns() // 1_000_000
 
 
 def _fault_hook(spec: str | None, stage: str, count: int) -> None:
@@ -68,19 +74,45 @@ def _fault_hook(spec: str | None, stage: str, count: int) -> None:
     raise RuntimeError(f"injected failure in {stage} at activation {count}")
 
 
+class Tally:
+    """Metric counters whose increments are summed in Python and handed to Flink every METRIC_FLUSH_S: each
+    `inc` is a call into the JVM (tens of microseconds), which per record would cost more than the record."""
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.counters: dict[str, Any] = {}
+        self.pending: Counter[str] = Counter()
+        self.flushed_at = time.monotonic()
+
+    def add(self, name: str, n: int = 1) -> None:
+        self.pending[name] += n
+        if time.monotonic() - self.flushed_at >= METRIC_FLUSH_S:
+            self.flush()
+
+    def flush(self) -> None:
+        for name, n in self.pending.items():
+            if n:
+                if name not in self.counters:
+                    self.counters[name] = self.group.counter(name)
+                self.counters[name].inc(n)
+        self.pending.clear()
+        self.flushed_at = time.monotonic()
+
+
 class ParseRecords(ProcessFunction):
     """Raw lines to keyed records; anything invalid goes to dead-letters with its reason."""
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        group = runtime_context.get_metrics_group().add_group("flink_memory")
-        self.records_in = group.counter("records_in")
-        self.dead_letters = group.counter("dead_letters")
+        self.tally = Tally(runtime_context.get_metrics_group().add_group("flink_memory"))
+
+    def close(self) -> None:
+        self.tally.flush()
 
     def process_element(self, value: str, ctx: ProcessFunction.Context):
-        self.records_in.inc()
+        self.tally.add("records_in")
         record = parse_line(value)
         if isinstance(record, DeadLetter):
-            self.dead_letters.inc()
+            self.tally.add("dead_letters")
             yield DEAD_LETTERS, record.model_dump_json()
             return
         yield record.agent_id, record.model_dump_json()
@@ -94,8 +126,9 @@ class _FlinkState:
     function writes these states, and a restored job opens a new function with an empty cache. A write of
     the value already there is skipped."""
 
-    def __init__(self, values: dict[str, Any], maps: dict[str, Any]) -> None:
+    def __init__(self, values: dict[str, Any], maps: dict[str, Any], bulk_puts: bool = False) -> None:
         self.values, self.maps = values, maps
+        self.bulk_puts = bulk_puts  # MapState.put_all (thread mode: one JVM call; process mode's put_all is broken)
         self.key = ""
         self.no_legacy: set[tuple[str, str]] = set()  # (state, key) known to hold no release 0.1.0 value
         self.cached: dict[tuple[str, str], str | None] = {}
@@ -139,6 +172,13 @@ class _FlinkState:
         else:
             self.maps[name].put(key, raw)
 
+    def write_entries(self, name: str, entries: dict[str, str]) -> None:
+        if self.bulk_puts:
+            self.maps[name].put_all(entries)
+        else:
+            for key, raw in entries.items():
+                self.maps[name].put(key, raw)
+
     def keys(self, name: str) -> list[str]:
         return list(self.maps[name].keys())
 
@@ -164,7 +204,7 @@ class StageFunction(KeyedProcessFunction):
                   for name in [*schema.values, *schema.legacy_values]}
         maps = {name: runtime_context.get_map_state(MapStateDescriptor(name, Types.STRING(), Types.STRING()))
                 for name in schema.maps}
-        self.state = _FlinkState(values, maps)
+        self.state = _FlinkState(values, maps, bulk_puts=self.config.job.execution_mode == "thread")
         self.recheck_ms = max(1000, int(self.config.job.recheck_s * 1000))
         self.wait_s = self.config.llm.timeout_s * (self.config.llm.max_retries + 1)
         # per key: the calls it waits for and its core's next deadline (a timer before either is skipped)
@@ -176,14 +216,15 @@ class StageFunction(KeyedProcessFunction):
         self.activations = 0
         self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
-        self.metrics = group
-        self.counters: dict[str, Any] = {}
+        self.tally = Tally(group)
         self.m_latency = group.distribution("llm_latency_ms")
         # levels as counters moved by the difference on every activation: a Python gauge would be called back
         # by the metrics thread, which in thread mode can run after the interpreter closed (a JVM crash)
         self.levels: dict[str, int] = {}
 
     def close(self) -> None:
+        if getattr(self, "tally", None) is not None:
+            self.tally.flush()
         if getattr(self, "runtime", None) is not None:
             release_runtime(self.config, self.output_dir, self.stage)
             self.runtime = None
@@ -191,13 +232,13 @@ class StageFunction(KeyedProcessFunction):
     # --- activations ---------------------------------------------------------------------------------
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):
-        payload = value[1]
+        key, payload = value  # (keyed by value[0]: asking Flink for the key would be a call into the JVM)
         if payload == END_OF_INPUT:  # the stage before has finished this agent's input: so has this one
-            yield from self._activate(ctx, lambda st, now: self.core.on_end(st, self.pool.finished(), now),
+            yield from self._activate(ctx, key, lambda st, now: self.core.on_end(st, self.pool.finished(), now),
                                       ended=True)
             return
-        yield from self._activate(ctx, lambda st, now: self.core.on_input(st, payload, self.pool.finished(), now),
-                                  payload)
+        yield from self._activate(ctx, key,
+                                  lambda st, now: self.core.on_input(st, payload, self.pool.finished(), now), payload)
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
         key = ctx.get_current_key()
@@ -205,36 +246,36 @@ class StageFunction(KeyedProcessFunction):
         if timestamp not in END_TIMERS:
             waiting, deadline = self.pending.get(key, ([], None))
             if waiting and not self.pool.any_done(waiting) and (deadline is None or timestamp < deadline):
-                now = ctx.timer_service().current_processing_time()
+                now = _now_ms()
                 self._set_timer(ctx.timer_service(), key, self.pool.wake_at_ms(waiting, now), now)  # early: nothing yet
                 return
-            yield from self._activate(ctx, wake)
+            yield from self._activate(ctx, key, wake)
             return
         phase = END_TIMERS.index(timestamp)
         if phase == 0:
-            yield from self._activate(ctx, lambda st, now: self.core.on_end(st, self.pool.finished(), now),
+            yield from self._activate(ctx, key, lambda st, now: self.core.on_end(st, self.pool.finished(), now),
                                       ended=True)
             return
         last = phase == END_PHASES - 1
         outputs: list[Any] = []
-        effects = self._run(ctx, wake, None, outputs)
+        effects = self._run(ctx, key, wake, None, outputs)
         while effects.waiting or (last and effects.wake_at_ms is not None):
             if effects.waiting:  # other keys' calls keep running on the pool meanwhile
                 self.pool.wait([r.digest for r in effects.waiting], timeout_s=self.wait_s)
             else:  # a provider failure's backoff: the same policy as in any other phase
                 time.sleep(min(self.wait_s, max(0.0, effects.wake_at_ms / 1000 - time.time())))
-            effects = self._run(ctx, wake, None, outputs)
+            effects = self._run(ctx, key, wake, None, outputs)
             if not last:
                 break
         self._signal_end(key, effects, outputs)
         yield from outputs
 
-    def _activate(self, ctx: Any, call: Callable[[StateTransaction, int], Effects],
+    def _activate(self, ctx: Any, key: str, call: Callable[[StateTransaction, int], Effects],
                   payload: str | None = None, ended: bool = False) -> Iterator[Any]:
         outputs: list[Any] = []
-        effects = self._run(ctx, call, payload, outputs)
+        effects = self._run(ctx, key, call, payload, outputs)
         if ended:
-            self._signal_end(ctx.get_current_key(), effects, outputs)
+            self._signal_end(key, effects, outputs)
         yield from outputs
 
     def _signal_end(self, key: str, effects: Effects, outputs: list[Any]) -> None:
@@ -244,15 +285,12 @@ class StageFunction(KeyedProcessFunction):
             self.signalled.add(key)
             outputs.append((key, END_OF_INPUT))
 
-    def _run(self, ctx: Any, call: Callable[[StateTransaction, int], Effects], payload: str | None,
+    def _run(self, ctx: Any, key: str, call: Callable[[StateTransaction, int], Effects], payload: str | None,
              outputs: list[Any]) -> Effects:
-        """Run the core once for the current key and carry out its effects; returns them.
-
-        The key and the time are asked of Flink once: every call into the JVM costs tens of microseconds."""
+        """Run the core once for the current key and carry out its effects; returns them."""
         self.activations += 1
-        key = ctx.get_current_key()
         timers = ctx.timer_service()
-        now = timers.current_processing_time()
+        now = _now_ms()
         _fault_hook(self.config.job.inject_failure, self.stage, self.activations)  # a crash drill: restarts
         self.state.key = key
         evicted: list[DeadLetter] = []
@@ -365,9 +403,7 @@ class StageFunction(KeyedProcessFunction):
             self._count(name, delta)
 
     def _count(self, name: str, n: int = 1) -> None:
-        if name not in self.counters:
-            self.counters[name] = self.metrics.counter(name)
-        self.counters[name].inc(n)
+        self.tally.add(name, n)
 
     def _account(self, effects: Effects) -> None:
         for result in effects.results:
