@@ -9,6 +9,7 @@ journal keeps it across restarts too). A worker thread starts the next queued ca
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import queue
 import threading
@@ -30,7 +31,13 @@ PRIORITY = {"calibrate": 0, "plan": 1, "part": 2, "batch": 2, "merge": 3, "globa
 class _Call:
     future: Future[ChatResult]
     seq: int
+    priority: int = 3
     started_at: float | None = None
+
+    @property
+    def order(self) -> tuple[int, int]:
+        """Its place in the queue: a worker takes the smallest first."""
+        return self.priority, self.seq
 
 
 class CallPool:
@@ -46,7 +53,8 @@ class CallPool:
         self._calls: dict[str, _Call] = {}
         self._lock = threading.Lock()
         self._seq = itertools.count()
-        self._started = 0  # submission number of the newest call a worker has picked up
+        self._waiting: list[tuple[int, int]] = []  # queue order of the calls no worker has picked up, sorted
+        self._running: dict[int, _Call] = {}  # by seq
         self._latency_s: float | None = None  # moving average of call durations
         self.min_poll_ms = min_poll_ms
         self.max_poll_ms = max_poll_ms
@@ -56,9 +64,10 @@ class CallPool:
         with self._lock:
             if key in self._calls or self._closed:
                 return
-            call = _Call(Future(), next(self._seq))
+            call = _Call(Future(), next(self._seq), PRIORITY.get(request.kind, 3))
             self._calls[key] = call
-        self._queue.put((PRIORITY.get(request.kind, 3), call.seq, (call, request)))
+            bisect.insort(self._waiting, call.order)
+        self._queue.put((call.priority, call.seq, (call, request)))
 
     def _work(self) -> None:
         while True:
@@ -66,12 +75,16 @@ class CallPool:
             if item is None:
                 return
             call, request = item
+            with self._lock:
+                index = bisect.bisect_left(self._waiting, call.order)
+                if index < len(self._waiting) and self._waiting[index] == call.order:
+                    del self._waiting[index]
             if not call.future.set_running_or_notify_cancel():
                 continue
             started = time.monotonic()
             with self._lock:
                 call.started_at = started
-                self._started = max(self._started, call.seq)
+                self._running[call.seq] = call
             try:
                 call.future.set_result(self._complete(request))
             except BaseException as exc:  # noqa: BLE001 - the caller reads it from the future
@@ -79,6 +92,7 @@ class CallPool:
             finally:
                 elapsed = time.monotonic() - started
                 with self._lock:
+                    self._running.pop(call.seq, None)
                     self._latency_s = elapsed if self._latency_s is None else 0.8 * self._latency_s + 0.2 * elapsed
 
     def in_flight(self) -> int:
@@ -108,6 +122,7 @@ class CallPool:
         latency = self._latency_s if self._latency_s is not None else 0.2
         soonest: float | None = None
         with self._lock:
+            slots: list[float] | None = None  # when each worker is expected to be free, soonest first
             for digest in digests:
                 call = self._calls.get(digest)
                 if call is None or call.future.done():
@@ -116,14 +131,21 @@ class CallPool:
                     eta = call.started_at + latency
                     if eta <= now:  # running longer than usual: look again after a fraction of its age
                         eta = now + min(self.max_poll_ms / 1000, 0.2 * (now - call.started_at))
-                else:  # queued behind others: roughly one latency per round of workers ahead of it
-                    ahead = max(0, call.seq - self._started)
-                    eta = now + latency * (1 + ahead // self.workers)
+                else:  # queued: it starts when the workers have taken every call before it in queue order
+                    if slots is None:
+                        slots = self._free_at(now, latency)
+                    ahead = bisect.bisect_left(self._waiting, call.order)
+                    eta = slots[ahead % len(slots)] + latency * (ahead // len(slots)) + latency
                 soonest = eta if soonest is None else min(soonest, eta)
         if soonest is None:
             return now_ms
         delay_ms = int((soonest - now) * 1000) + 1
         return now_ms + max(self.min_poll_ms, min(self.max_poll_ms, delay_ms))
+
+    def _free_at(self, now: float, latency: float) -> list[float]:
+        """When each worker is expected to take its next call (now for an idle one), soonest first."""
+        ends = sorted(max(now, (c.started_at or now) + latency) for c in self._running.values())
+        return ends[: self.workers] + [now] * max(0, self.workers - len(ends))
 
     def wait(self, digests: Iterable[str], timeout_s: float | None = None) -> None:
         """Block until every given (submitted) call is done, or the timeout passes."""
