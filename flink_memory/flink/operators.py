@@ -53,6 +53,7 @@ CORES = {"planner": PlannerCore, "batcher": BatcherCore, "merger": MergerCore}
 # Between stages: "this agent's input has ended here" (a stage's own keyed records are JSON objects).
 END_OF_INPUT = "end-of-input"
 MAX_EVICTIONS = 1000  # queued records one activation may dead-letter before it gives up (a loop guard)
+_EMBEDDED_STATE = "pyflink.fn_execution.datastream.embedded."  # thread mode's state classes
 VALUE_CACHE_SIZE = 20_000  # cached value states per stage function (a few per agent), then started afresh
 # PyFlink's thread mode sets the root logger to DEBUG and hands every record to the JVM: the HTTP clients'
 # per-request debug lines cost more than the requests (a fifth of the Python time in the throughput benchmark)
@@ -140,9 +141,11 @@ class _FlinkState:
     function writes these states, and a restored job opens a new function with an empty cache. A write of
     the value already there is skipped."""
 
-    def __init__(self, values: dict[str, Any], maps: dict[str, Any], bulk_puts: bool = False) -> None:
+    def __init__(self, values: dict[str, Any], maps: dict[str, Any]) -> None:
         self.values, self.maps = values, maps
-        self.bulk_puts = bulk_puts  # MapState.put_all (thread mode: one JVM call; process mode's put_all is broken)
+        # MapState.put_all is one JVM call in thread mode; process mode's iterates a dict as pairs (broken).
+        # The mode is the job's, which for operators embedded in another job need not be our config's.
+        self.bulk_puts = all(type(m).__module__.startswith(_EMBEDDED_STATE) for m in maps.values())
         self.key = ""
         self.no_legacy: set[tuple[str, str]] = set()  # (state, key) known to hold no release 0.1.0 value
         self.cached: dict[tuple[str, str], str | None] = {}
@@ -219,7 +222,7 @@ class StageFunction(KeyedProcessFunction):
                   for name in [*schema.values, *schema.legacy_values]}
         maps = {name: runtime_context.get_map_state(MapStateDescriptor(name, Types.STRING(), Types.STRING()))
                 for name in schema.maps}
-        self.state = _FlinkState(values, maps, bulk_puts=self.config.job.execution_mode == "thread")
+        self.state = _FlinkState(values, maps)
         self.recheck_ms = max(1000, int(self.config.job.recheck_s * 1000))
         self.wait_s = self.config.llm.timeout_s * (self.config.llm.max_retries + 1)
         # per key: the calls it waits for and its core's next deadline (a timer before either is skipped)

@@ -1,0 +1,69 @@
+"""The Flink shell's own small parts, without a cluster: bulk map writes and buffered metric counters."""
+
+import flink_memory.flink.operators as operators
+from flink_memory.flink.operators import Tally, _FlinkState
+
+
+class FakeMap:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+        self.data: dict[str, str] = {}
+
+    def put(self, key: str, value: str) -> None:
+        self.calls.append("put")
+        self.data[key] = value
+
+    def put_all(self, entries: dict[str, str]) -> None:
+        self.calls.append("put_all")
+        self.data.update(entries)
+
+
+# what thread mode's map state is (its put_all takes a dict in one call into the JVM)
+EmbeddedMap = type("MapStateImpl", (FakeMap,), {"__module__": "pyflink.fn_execution.datastream.embedded.state_impl"})
+
+
+def test_map_entries_go_in_one_call_only_where_put_all_takes_a_dict():
+    entries = {"ab": "1", "cd": "2"}  # two-letter keys: process mode's put_all would unpack each as a pair
+    process = FakeMap()
+    _FlinkState({}, {"m": process}).write_entries("m", entries)
+    assert process.calls == ["put", "put"] and process.data == entries
+    embedded = EmbeddedMap()
+    _FlinkState({}, {"m": embedded}).write_entries("m", entries)
+    assert embedded.calls == ["put_all"] and embedded.data == entries
+    mixed = _FlinkState({}, {"a": EmbeddedMap(), "b": FakeMap()})
+    assert not mixed.bulk_puts
+
+
+class FakeCounter:
+    def __init__(self) -> None:
+        self.incs: list[int] = []
+
+    def inc(self, n: int = 1) -> None:
+        self.incs.append(n)
+
+
+class FakeGroup:
+    def __init__(self) -> None:
+        self.counters: dict[str, FakeCounter] = {}
+
+    def counter(self, name: str) -> FakeCounter:
+        return self.counters.setdefault(name, FakeCounter())
+
+
+def test_metric_increments_reach_flink_summed(monkeypatch):
+    clock = {"t": 100.0}
+    monkeypatch.setattr(operators.time, "monotonic", lambda: clock["t"])
+    group = FakeGroup()
+    tally = Tally(group)
+    for _ in range(1000):
+        tally.add("records_in")
+    tally.add("llm_in_flight", 3)
+    tally.add("llm_in_flight", -3)
+    assert group.counters == {}  # nothing handed to Flink yet: each inc is a JVM call
+    clock["t"] += operators.METRIC_FLUSH_S
+    tally.add("records_in")
+    assert group.counters["records_in"].incs == [1001]
+    assert "llm_in_flight" not in group.counters  # a level that came back to where it was costs no call
+    tally.add("dead_letters", 2)
+    tally.flush()  # (at close)
+    assert group.counters["dead_letters"].incs == [2]
