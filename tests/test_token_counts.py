@@ -78,7 +78,8 @@ def test_each_request_kind_is_packed_by_its_own_ratio_and_an_unseen_kind_by_the_
 
 
 def test_batches_fill_the_budget_once_the_provider_has_reported_on_batches():
-    """A chars/4 provider: after the probe and one batch, a closed batch fills >= 0.85 of the prompt budget."""
+    """A chars/4 provider: after the probe and one batch, a closed batch fills >= 0.875 of the prompt budget
+    (a line and its break are scaled together: rounding them up apart left it at 0.86)."""
     with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(4)) as server:
         config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "batching.max_items=1000")
         client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=256")
@@ -99,7 +100,7 @@ def test_batches_fill_the_budget_once_the_provider_has_reported_on_batches():
         room = 2048 - 256
         assert len(sizes) >= 4 and max(sizes) <= room
         # the first two were opened before any batch answer (a batch keeps the scale it was opened with)
-        assert min(sizes[2:-1]) >= 0.85 * room, sizes
+        assert min(sizes[2:-1]) >= 0.875 * room, sizes
 
 
 def test_a_length_rejection_is_repacked_smaller_and_never_lost():

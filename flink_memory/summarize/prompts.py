@@ -95,9 +95,9 @@ class Packer:
     def cost(self, entry: dict[str, Any]) -> int:
         """Tokens `entry` adds after the entries already packed."""
         date = entry_date(entry)
-        cost = self.counter.tokens(escape(entry["text"]), self.scale) + 1
+        cost = self.counter.line(escape(entry["text"]), self.scale)
         if self.count == 0 or date != self._date:
-            cost += self.counter.tokens("@" + (date or "undated"), self.scale) + 1
+            cost += self.counter.line("@" + (date or "undated"), self.scale)
         return cost
 
     @classmethod
