@@ -240,6 +240,9 @@ class MemoryState:
         else:
             entries[key] = raw
 
+    def write_entries(self, name: str, entries: dict[str, str]) -> None:
+        self.maps.setdefault((self.current_key, name), {}).update(entries)
+
     def keys(self, name: str) -> list[str]:
         return list(self.maps.get((self.current_key, name), {}))
 

@@ -59,13 +59,20 @@ _WORDLIKE = re.compile(r"^[A-Z]?[a-z]+$|^[A-Z]{1,4}$")
 _CONSONANTS = re.compile(r"[^aeiouyAEIOUY]{5,}")
 
 
-@functools.lru_cache(maxsize=1 << 16)
 def _letter_run(piece: str) -> int:
     """Dictionary-like words pack about 3+ letters a token; random strings (keys, hashes) barely 1.3."""
     n = len(piece)
+    if n > 15:  # (never word-like: not cached, so a long text's runs are not kept alive)
+        return -(-n * 4 // 5)
+    return _short_letter_run(piece)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _short_letter_run(piece: str) -> int:
+    n = len(piece)
     if n <= 2:
         return n
-    if n <= 15 and _WORDLIKE.match(piece) and not _CONSONANTS.search(piece):
+    if _WORDLIKE.match(piece) and not _CONSONANTS.search(piece):
         return max(2, -(-n // 3))
     return -(-n * 4 // 5)
 
@@ -324,7 +331,7 @@ class TokenCounter:
                  cache_size: int = 100_000) -> None:
         self.tokenizer: Tokenizer = tokenizer or EstimateTokenizer()
         self.calibration = calibration or Calibration(initial=1.0)
-        self._cache: OrderedDict[bytes, int] = OrderedDict()  # by digest; the oldest counted leaves first
+        self._cache: OrderedDict[bytes, int] = OrderedDict()  # by digest; the least recently used leaves first
         self._cache_size = cache_size
         self._lock = threading.Lock()
         self.unreachable = 0  # times a remote tokenizer could not count a text
@@ -350,6 +357,10 @@ class TokenCounter:
         key = xxhash.xxh3_64_digest(text.encode("utf-8", errors="surrogatepass"))
         cached = self._cache.get(key)  # (packing asks for the same texts again and again: no lock on a hit)
         if cached is not None:
+            try:  # least recently used leaves first: a text in use keeps its count (see unreachable_pause_s)
+                self._cache.move_to_end(key)
+            except KeyError:  # (another thread just let it go)
+                pass
             return cached
         if time.monotonic() < self._unreachable_until:
             value = estimate_tokens(text)

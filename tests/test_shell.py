@@ -1,7 +1,9 @@
 """The Flink shell's own small parts, without a cluster: bulk map writes and buffered metric counters."""
 
+import importlib.util
+
 import flink_memory.flink.operators as operators
-from flink_memory.flink.operators import Tally, _FlinkState
+from flink_memory.flink.operators import _EMBEDDED_STATE, Tally, _FlinkState
 
 
 class FakeMap:
@@ -18,8 +20,15 @@ class FakeMap:
         self.data.update(entries)
 
 
-# what thread mode's map state is (its put_all takes a dict in one call into the JVM)
-EmbeddedMap = type("MapStateImpl", (FakeMap,), {"__module__": "pyflink.fn_execution.datastream.embedded.state_impl"})
+# what thread mode's map state is (its put_all takes a dict in one call into the JVM); its module only imports
+# inside a TaskManager, so the test checks that PyFlink still has it where the shell looks
+THREAD_MODE_STATE = "pyflink.fn_execution.datastream.embedded.state_impl"
+EmbeddedMap = type("MapStateImpl", (FakeMap,), {"__module__": THREAD_MODE_STATE})
+
+
+def test_thread_mode_state_is_where_the_shell_looks_for_it():
+    assert THREAD_MODE_STATE.startswith(_EMBEDDED_STATE)
+    assert importlib.util.find_spec(THREAD_MODE_STATE) is not None
 
 
 def test_map_entries_go_in_one_call_only_where_put_all_takes_a_dict():
@@ -50,11 +59,10 @@ class FakeGroup:
         return self.counters.setdefault(name, FakeCounter())
 
 
-def test_metric_increments_reach_flink_summed(monkeypatch):
+def test_metric_increments_reach_flink_summed():
     clock = {"t": 100.0}
-    monkeypatch.setattr(operators.time, "monotonic", lambda: clock["t"])
     group = FakeGroup()
-    tally = Tally(group)
+    tally = Tally(group, clock=lambda: clock["t"])
     for _ in range(1000):
         tally.add("records_in")
     tally.add("llm_in_flight", 3)

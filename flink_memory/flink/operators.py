@@ -93,15 +93,16 @@ class Tally:
     """Metric counters whose increments are summed in Python and handed to Flink every METRIC_FLUSH_S: each
     `inc` is a call into the JVM (tens of microseconds), which per record would cost more than the record."""
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.group = group
+        self.clock = clock
         self.counters: dict[str, Any] = {}
         self.pending: Counter[str] = Counter()
-        self.flushed_at = time.monotonic()
+        self.flushed_at = clock()
 
     def add(self, name: str, n: int = 1) -> None:
         self.pending[name] += n
-        if time.monotonic() - self.flushed_at >= METRIC_FLUSH_S:
+        if self.clock() - self.flushed_at >= METRIC_FLUSH_S:
             self.flush()
 
     def flush(self) -> None:
@@ -111,7 +112,7 @@ class Tally:
                     self.counters[name] = self.group.counter(name)
                 self.counters[name].inc(n)
         self.pending.clear()
-        self.flushed_at = time.monotonic()
+        self.flushed_at = self.clock()
 
 
 class ParseRecords(ProcessFunction):
@@ -121,7 +122,8 @@ class ParseRecords(ProcessFunction):
         self.tally = Tally(runtime_context.get_metrics_group().add_group("flink_memory"))
 
     def close(self) -> None:
-        self.tally.flush()
+        if getattr(self, "tally", None) is not None:
+            self.tally.flush()
 
     def process_element(self, value: str, ctx: ProcessFunction.Context):
         self.tally.add("records_in")
@@ -336,6 +338,8 @@ class StageFunction(KeyedProcessFunction):
             self.in_flight += len(effects.waiting)
         self._level("pending_keys", len(self.pending))
         self._level("llm_in_flight", self.in_flight)
+        if not self.pending:  # nothing left to wake this subtask: what it counted must not wait for more
+            self.tally.flush()
         self._schedule(timers, key, effects, now)
         outputs.extend((key, out) if self.keyed_output else out for out in effects.out)
         outputs.extend((MANIFESTS, manifest) for manifest in effects.manifests)

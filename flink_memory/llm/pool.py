@@ -75,14 +75,13 @@ class CallPool:
             if item is None:
                 return
             call, request = item
-            with self._lock:
+            with self._lock:  # (from queued to running in one step: wake_at_ms never sees it in neither)
                 index = bisect.bisect_left(self._waiting, call.order)
                 if index < len(self._waiting) and self._waiting[index] == call.order:
                     del self._waiting[index]
-            if not call.future.set_running_or_notify_cancel():
-                continue
-            started = time.monotonic()
-            with self._lock:
+                if not call.future.set_running_or_notify_cancel():
+                    continue
+                started = time.monotonic()
                 call.started_at = started
                 self._running[call.seq] = call
             try:
