@@ -47,6 +47,17 @@ def test_the_estimate_never_exceeds_the_utf8_bytes(text):
     assert estimate_tokens(text) <= len(text.encode("utf-8", errors="surrogatepass")) <= 4 * len(text)
 
 
+def test_counting_a_long_letter_run_keeps_no_copy_of_it():
+    """Only word-sized runs are cached: splitting a long run counts ever shorter tails of it, and caching
+    those kept the whole text alive many times over."""
+    from flink_memory.tokens import _short_letter_run
+
+    before = _short_letter_run.cache_info().currsize
+    text = "acgt" * 5000
+    assert split_text(text, 500) and estimate_tokens(text) == -(-len(text) * 4 // 5)
+    assert _short_letter_run.cache_info().currsize == before
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.text(min_size=1, max_size=2000), st.integers(min_value=8, max_value=300))
 def test_split_text_rejoins_and_respects_budget(text, budget):
