@@ -338,8 +338,6 @@ class StageFunction(KeyedProcessFunction):
             self.in_flight += len(effects.waiting)
         self._level("pending_keys", len(self.pending))
         self._level("llm_in_flight", self.in_flight)
-        if not self.pending:  # nothing left to wake this subtask: what it counted must not wait for more
-            self.tally.flush()
         self._schedule(timers, key, effects, now)
         outputs.extend((key, out) if self.keyed_output else out for out in effects.out)
         outputs.extend((MANIFESTS, manifest) for manifest in effects.manifests)
@@ -423,6 +421,8 @@ class StageFunction(KeyedProcessFunction):
         if delta:
             self.levels[name] = value
             self._count(name, delta)
+            if value == 0:  # the subtask may go quiet now: what it counted must not wait for more input
+                self.tally.flush()
 
     def _count(self, name: str, n: int = 1) -> None:
         self.tally.add(name, n)
