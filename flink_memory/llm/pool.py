@@ -75,7 +75,7 @@ class CallPool:
             if item is None:
                 return
             call, request = item
-            with self._lock:  # (from queued to running in one step: wake_at_ms never sees it in neither)
+            with self._lock:  # (queued to running in one step: wake_at_ms always finds it in one of the two)
                 index = bisect.bisect_left(self._waiting, call.order)
                 if index < len(self._waiting) and self._waiting[index] == call.order:
                     del self._waiting[index]
