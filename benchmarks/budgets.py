@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--huge-sentences", type=int, default=900)
     parser.add_argument("--context-window", type=int, default=2048)
     parser.add_argument("--max-output-tokens", type=int, default=256)
-    parser.add_argument("--max-items", type=int, default=100)
+    parser.add_argument("--max-items", type=int, default=50)
     parser.add_argument("--job-timeout-s", type=float, default=3600)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)

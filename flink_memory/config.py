@@ -75,7 +75,7 @@ class LLMConfig(_Section):
 
 
 class BatchingConfig(_Section):
-    max_items: int = Field(100, ge=1)
+    max_items: int = Field(50, ge=1)
     max_tokens: int | None = Field(None, ge=64)
     flush_after_s: float = Field(30.0, gt=0)
 
