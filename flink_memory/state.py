@@ -123,6 +123,9 @@ class StateBackend(Protocol):
 
     def write_entry(self, name: str, key: str, raw: str | None) -> None: ...
 
+    def write_entries(self, name: str, entries: dict[str, str]) -> None:
+        """Store several entries of one map (one call into the JVM where the backend can)."""
+
     def keys(self, name: str) -> list[str]: ...
 
 
@@ -202,13 +205,8 @@ class StateTransaction:
                 self.backend.write_entry(name, key, None)
             else:
                 stored.setdefault(name, {})[key] = value if isinstance(value, str) else dump_model(value)
-        write_entries = getattr(self.backend, "write_entries", None)
-        for name, entries in stored.items():
-            if write_entries is not None and len(entries) > 1:  # one call for a batch's worth of entries
-                write_entries(name, entries)
-            else:
-                for key, raw in entries.items():
-                    self.backend.write_entry(name, key, raw)
+        for name, entries in stored.items():  # one call for a batch's worth of entries
+            self.backend.write_entries(name, entries)
         self._dirty_values.clear()
         self._dirty_entries.clear()
 
@@ -241,7 +239,8 @@ class MemoryState:
             entries[key] = raw
 
     def write_entries(self, name: str, entries: dict[str, str]) -> None:
-        self.maps.setdefault((self.current_key, name), {}).update(entries)
+        for key, raw in entries.items():
+            self.write_entry(name, key, raw)
 
     def keys(self, name: str) -> list[str]:
         return list(self.maps.get((self.current_key, name), {}))

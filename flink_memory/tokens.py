@@ -379,14 +379,17 @@ class TokenCounter:
                 self._cache.popitem(last=False)
         return value
 
-    def tokens(self, text: str, scale: float | None = None) -> int:
-        raw = self.raw(text)
+    def scaled(self, raw: int, scale: float | None = None) -> int:
+        """A raw count as the provider counts it, rounded up (`scale` None: the most conservative one)."""
         return math.ceil(raw * (self.scale if scale is None else scale))
+
+    def tokens(self, text: str, scale: float | None = None) -> int:
+        return self.scaled(self.raw(text), scale)
 
     def line(self, text: str, scale: float | None = None) -> int:
         """Tokens of `text` and the line break after it, scaled together: a calibrated line break is a
         fraction of a token (rounding each line and its break up apart cost a few % of every request)."""
-        return math.ceil((self.raw(text) + self.raw("\n")) * (self.scale if scale is None else scale))
+        return self.scaled(self.raw(text) + self.raw("\n"), scale)
 
     def raw_request(self, messages: Iterable[Mapping[str, Any]]) -> int:
         total = self.tokenizer.per_request
@@ -396,7 +399,7 @@ class TokenCounter:
         return total
 
     def request(self, messages: Iterable[Mapping[str, Any]], scale: float | None = None) -> int:
-        return math.ceil(self.raw_request(messages) * (self.scale if scale is None else scale))
+        return self.scaled(self.raw_request(messages), scale)
 
     def observe(self, messages: Iterable[Mapping[str, Any]], reported_prompt_tokens: int, kind: str = "") -> bool:
         """Learn from the provider's usage report (and from its count in a length rejection)."""

@@ -192,11 +192,11 @@ class _FlinkState:
             self.maps[name].put(key, raw)
 
     def write_entries(self, name: str, entries: dict[str, str]) -> None:
-        if self.bulk_puts:
+        if self.bulk_puts and len(entries) > 1:
             self.maps[name].put_all(entries)
-        else:
-            for key, raw in entries.items():
-                self.maps[name].put(key, raw)
+            return
+        for key, raw in entries.items():
+            self.write_entry(name, key, raw)
 
     def keys(self, name: str) -> list[str]:
         return list(self.maps[name].keys())
