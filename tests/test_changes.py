@@ -7,6 +7,8 @@ from collections import Counter
 import pytest
 from stagekit import Pipeline, cfg, hold_plans, keeping_answer, live, summary_answer
 
+from flink_memory.stages.merger import JOINED_MODEL
+
 
 def item(agent, i, fact=None):
     return {"agent_id": agent, "id": f"m{i}", "text": fact or f"Fact{i} of {agent}: Person{i} paid {i} EUR."}
@@ -193,3 +195,44 @@ def test_the_first_node_of_an_agent_already_schedules_the_mergers_sweep():
     """The merger's clock is created by the first node's activation; the sweep it schedules must not be lost."""
     pipeline = run("batching.max_items=1", bounded=False).feed(item("a", 0)).settle()
     assert (2, "a") in pipeline.sweeps  # (stage index, agent)
+
+
+def test_a_merge_revision_that_keeps_failing_is_joined_so_no_retracted_text_stays_live():
+    """An error of ours while a merge is made again: evicting it makes the merge from its children's texts
+    without a call, which still replaces the old merge (that held the retracted fact)."""
+    pipeline = run().feed(*[item("a", i) for i in range(5)]).end()  # batches m0-m2 and m3-m4, one merge
+    assert [n["node_id"] for n in pipeline.nodes("merge")] == ["merge-L2-000001"]
+
+    def broken_merges(request):
+        if request.kind == "merge":
+            raise ValueError("a bug of ours")
+        return keeping_answer(request)
+
+    pipeline.answer = broken_merges
+    with pytest.raises(ValueError):
+        pipeline.feed({"agent_id": "a", "id": "m1", "deleted": True})
+        pipeline.end()
+    merger = pipeline.stages[2]
+    pipeline._activate(2, "a", lambda st: merger.core.evict(st, "internal error"))
+    assert [(d.stage, d.record_id) for d in pipeline.dead_letters] == [("internal", "merge-L2-000001-r1")]
+    pipeline.answer = keeping_answer
+    pipeline.end()
+    assert "Person1 " not in live_text(pipeline, "a")
+    assert live_units(pipeline, "a") == Counter(["m0", "m2", "m3", "m4"])
+    current = pipeline.current("a")["text"]
+    assert all(f"Person{i} " in current for i in (0, 2, 3, 4)) and "Person1 " not in current
+    assert [n["node_id"] for n in live(pipeline.summaries) if n["model"] == JOINED_MODEL] == ["merge-L2-000001-r1"]
+
+
+def test_a_new_merge_that_keeps_failing_is_joined_and_its_children_stay_in_the_memory():
+    pipeline = run(answer=lambda request: (_ for _ in ()).throw(ValueError("a bug of ours"))
+                   if request.kind == "merge" else keeping_answer(request))
+    with pytest.raises(ValueError):
+        pipeline.feed(*[item("a", i) for i in range(6)]).end()  # two full batches: their merge fails
+    merger = pipeline.stages[2]
+    pipeline._activate(2, "a", lambda st: merger.core.evict(st, "internal error"))
+    pipeline.answer = keeping_answer
+    pipeline.end()
+    assert [(d.stage, d.record_id) for d in pipeline.dead_letters] == [("internal", "merge-L2-000001")]
+    assert all(f"Person{i} " in pipeline.current("a")["text"] for i in range(6))
+    assert pipeline.current("a")["item_count"] == 6

@@ -30,6 +30,7 @@ from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry
 
 TREE, CLOCK, NODES, MERGES, GLOBAL = "merger_tree", "merger_clock", "merger_nodes", "merger_merges", "merger_global"
 LEGACY_TREE, LEGACY_JOBS = "tree", "jobs"
+JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
 
@@ -109,26 +110,27 @@ class MergerCore:
         return self._advance(state, tree, clock, finished, now_ms, Effects())
 
     def evict(self, state: StateTransaction, reason: str) -> Effects:
-        """Running merges and the running global of this agent become dead letters; the tree keeps the rest."""
+        """Running merges and the running global of this agent become dead letters, and each merge is made
+        without a call: its children's texts joined in order. So no child drops out of the memory, and a
+        revision given up still replaces the merge it was remaking (whose text may hold retracted facts).
+        A joined text longer than a summary is condensed by the merges above it, like any long entry."""
         effects = Effects()
         tree, clock = self._load(state)
-        running = [job for _, job in state.items(MERGES)]
         if (pending := state.get(GLOBAL, ParentJob)) is not None:
-            running.append(pending)
-        for job in running:
-            effects.dead_letters.append(DeadLetter(raw=job.model_dump_json(), reason=reason, stage="internal",
-                                                   record_id=job.node_id))
-            for old_id in job.replaces:  # a revision given up: the node it was remaking is no longer remade
-                if (old := state.entry(NODES, old_id)) is not None and old.revising == job.node_id:
-                    state.put(NODES, old_id, old.model_copy(update={"revising": None}))
-                    for child_id in job.child_ids:  # and its children are the old node's again
-                        child = state.entry(NODES, child_id)
-                        if child is not None and child.parent == job.node_id:
-                            state.put(NODES, child_id, child.model_copy(update={"parent": old_id}))
-        state.clear_map(MERGES)
-        state.set(GLOBAL, None)
-        for slots in tree.levels:
-            slots[:] = [slot for slot in slots if slot.ready]
+            effects.dead_letters.append(_dead_job(pending, reason, state.key))
+            state.set(GLOBAL, None)
+        given_up = sorted((job.level, job.node_id) for _, job in state.items(MERGES))
+        for _, node_id in given_up:  # lowest first, each as it is now (one below may have rebuilt it)
+            job = state.entry(MERGES, node_id)
+            if job is None:
+                continue
+            effects.dead_letters.append(_dead_job(job, reason, state.key))
+            state.put(MERGES, node_id, None)
+            text = "\n".join(str(entry["text"]) for entry in job.job.entries)
+            node = self._parent_node(state.key, job, "merge", text).model_copy(update={"model": JOINED_MODEL})
+            effects.counts["merges_joined"] += 1
+            self._write(node, effects)
+            self._arrive(state, tree, node, 0, {}, effects)
         return self._settle(state, tree, clock, effects)
 
     # --- the tree ------------------------------------------------------------------------------------
@@ -395,6 +397,11 @@ class MergerCore:
             clock.last_global_ms = data.get("last_global_ms") or None
             clock.first_node_ms = clock.last_global_ms
             state.clear_legacy(LEGACY_JOBS)
+
+
+def _dead_job(job: ParentJob, reason: str, agent_id: str) -> DeadLetter:
+    return DeadLetter(raw=job.model_dump_json(), reason=reason, stage="internal", agent_id=agent_id,
+                      record_id=job.node_id)
 
 
 def _legacy_job(data: dict) -> ParentJob:

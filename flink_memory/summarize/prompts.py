@@ -92,10 +92,14 @@ class Packer:
         self.count = 0
         self._date: str | None = None
 
-    def cost(self, entry: dict[str, Any]) -> int:
-        """Tokens `entry` adds after the entries already packed."""
+    def text_cost(self, entry: dict[str, Any]) -> int:
+        """Tokens of the entry's own line (without the date line it may need)."""
+        return self.counter.line(escape(entry["text"]), self.scale)
+
+    def cost(self, entry: dict[str, Any], text_cost: int | None = None) -> int:
+        """Tokens `entry` adds after the entries already packed (`text_cost`: its `text_cost`, if known)."""
         date = entry_date(entry)
-        cost = self.counter.line(escape(entry["text"]), self.scale)
+        cost = self.text_cost(entry) if text_cost is None else text_cost
         if self.count == 0 or date != self._date:
             cost += self.counter.line("@" + (date or "undated"), self.scale)
         return cost
@@ -109,8 +113,8 @@ class Packer:
         packer._date = entry_date(last) if last is not None else None
         return packer
 
-    def add(self, entry: dict[str, Any]) -> int:
-        cost = self.cost(entry)
+    def add(self, entry: dict[str, Any], text_cost: int | None = None) -> int:
+        cost = self.cost(entry, text_cost)
         self.used += cost
         self.count += 1
         self._date = entry_date(entry)
