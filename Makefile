@@ -28,6 +28,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
 	$(BIN)/python benchmarks/strategies.py --out out/bench-strategies
 	$(BIN)/python benchmarks/budgets.py --json out/bench-budgets.json
+	$(BIN)/python benchmarks/recall.py --sizes 100 1000
 
 clean:
 	rm -rf out .flink-memory

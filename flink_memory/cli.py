@@ -32,16 +32,17 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",
                         help="override one setting; repeatable")
     parser.add_argument("--follow", action="store_true", help="keep watching the input directory for new files")
-    parser.add_argument("--parallelism", type=int, help="shorthand for --set job.parallelism=N")
+    parser.add_argument("--parallelism", type=_positive, help="shorthand for --set job.parallelism=N")
     parser.add_argument("--restore", metavar="PATH", help="resume from a retained checkpoint or a savepoint")
 
 
 def job_config(args: argparse.Namespace) -> Config:
     overrides = list(args.overrides)
-    if args.parallelism:
+    if args.parallelism is not None:
         overrides.append(f"job.parallelism={args.parallelism}")
     config = load_config(args.config, overrides)
     budgets.check(config)
+    config.store.location(args.output)  # (refuses an output it cannot put the store next to)
     return config
 
 
@@ -263,8 +264,11 @@ def run_job(args: argparse.Namespace) -> int:
 def serve_llm(args: argparse.Namespace) -> int:
     from flink_memory.llm.embedded import EmbeddedServer
 
-    server = EmbeddedServer(args.model, host=args.host, port=args.port, context_window=args.context_window,
-                            threads=args.threads, parallel=args.parallel)
+    llm = load_config(args.config, args.overrides).llm  # (a flag given wins over the configuration)
+    server = EmbeddedServer(
+        args.model or llm.embedded_model_path, host=args.host, port=args.port,
+        context_window=args.context_window or llm.context_window, threads=args.threads or llm.embedded_threads,
+        parallel=args.parallel or llm.embedded_parallel)
     print(f"serving {server.model_path.name} at {server.base_url}/v1 (OpenAI-compatible); Ctrl-C stops",
           flush=True)
     stop = threading.Event()
@@ -289,6 +293,13 @@ def _fail(code: int, message: str) -> int:
     return code
 
 
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value
+
+
 def read_memory(args: argparse.Namespace) -> int:
     """`show` and `recall`: read the live-memory store; a missing store or agent is a message, not a traceback."""
     from flink_memory.store import StoreError, open_store
@@ -301,18 +312,18 @@ def read_memory(args: argparse.Namespace) -> int:
     with store:
         if args.agent not in store.agents():
             return _fail(NO_MEMORY, f"agent {args.agent!r} has no memory in {store.location}")
+        current = store.current(args.agent)
+        if current is not None and current.item_count == 0:
+            return _fail(NO_MEMORY, f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)")
         if args.command == "recall":
             hits = store.recall(args.agent, args.query, k=args.k)
             if not hits:
                 return _fail(NO_MATCH, f"nothing in the memory of {args.agent!r} matches {args.query!r}")
             print("\n".join(h.model_dump_json() for h in hits) if args.json else "\n".join(recall_table(hits)))
             return 0
-        current = store.current(args.agent)
         if current is None:
             return _fail(NO_MEMORY, f"agent {args.agent!r} has no global summary yet "
                                     f"({len(store.nodes(args.agent))} live nodes; try recall)")
-        if current.item_count == 0:
-            return _fail(NO_MEMORY, f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)")
         tree = walk_tree(current, lambda n: store.children(args.agent, n.node_id)) if args.tree else [(0, current, 0)]
         if args.json:
             print("\n".join(node.model_dump_json() for _, node, _ in tree))
@@ -329,6 +340,7 @@ def show_config(args: argparse.Namespace) -> int:
     from flink_memory.summarize.prompts import summarization_fingerprint
 
     config = load_config(args.config, args.overrides)
+    budgets.check(config)  # (what `run` would refuse, refused here too)
     print(json.dumps(config.model_dump(mode="json"), indent=2))
     print(f"chunking fingerprint      {chunking_fingerprint(config)}")
     print(f"summarization fingerprint {summarization_fingerprint(config)}")
@@ -342,13 +354,16 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("run", help="run the job on a local MiniCluster")
     add_job_arguments(run)
     run.set_defaults(handler=run_job)
-    serve = commands.add_parser("serve-llm", help="serve the embedded model over the OpenAI API on 127.0.0.1")
+    serve = commands.add_parser("serve-llm", help="serve the embedded model over the OpenAI API (by default "
+                                "with the configuration's llm.context_window and llm.embedded_* settings)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 inside a container)")
     serve.add_argument("--port", type=int, default=8080, help="0 picks a free port")
-    serve.add_argument("--model", help="a GGUF file (default: the bundled SmolLM2-135M)")
-    serve.add_argument("--context-window", type=int, default=8192)
-    serve.add_argument("--threads", type=int, default=2)
-    serve.add_argument("--parallel", type=int, default=4)
+    serve.add_argument("--model", help="a GGUF file (default: llm.embedded_model_path, else the bundled SmolLM2)")
+    serve.add_argument("--context-window", type=_positive, help="default: llm.context_window")
+    serve.add_argument("--threads", type=_positive, help="default: llm.embedded_threads")
+    serve.add_argument("--parallel", type=_positive, help="default: llm.embedded_parallel")
+    serve.add_argument("--config")
+    serve.add_argument("--set", dest="overrides", action="append", default=[])
     serve.set_defaults(handler=serve_llm)
     show_memory = commands.add_parser("show", help="print an agent's current memory (its live global summary)")
     show_memory.add_argument("agent")
@@ -360,7 +375,7 @@ def main(argv: list[str] | None = None) -> int:
     recall.add_argument("agent")
     recall.add_argument("query", help="a question or keywords, in plain language")
     recall.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
-    recall.add_argument("--k", type=int, default=5, help="how many nodes (default 5)")
+    recall.add_argument("--k", type=_positive, default=5, help="how many nodes (default 5)")
     recall.add_argument("--json", action="store_true",
                         help="JSON lines: node_id, kind, level, text, score, first_ts, last_ts")
     recall.set_defaults(handler=read_memory)

@@ -121,6 +121,13 @@ class JournalConfig(_Section):
     max_age_days: float = Field(30.0, gt=0)
     drain_on_close_s: float = Field(30.0, ge=0)
 
+    def location(self) -> str | None:
+        """The journal the workers open (None: off). A relative SQLite path is made absolute here, on the
+        client, because Python workers run in another working directory (an archive's, with --pyArchives)."""
+        if self.path is None or is_postgres(self.path):
+            return self.path
+        return str(sqlite_path(self.path).resolve())
+
 
 class StoreConfig(_Section):
     enabled: bool = True
@@ -194,6 +201,9 @@ class Config(BaseModel):
                 "hours later, so planning would stall every conversation; set chunking.semantic: false or "
                 "llm.batch_api: false"
             )
+        if self.llm.batch_api:
+            raise ValueError("llm.batch_api: true is not supported yet: calls are sent one at a time "
+                             "(llm.max_concurrency at once); set llm.batch_api: false")
         if self.llm.provider == "openai" and not self.llm.base_url:
             raise ValueError("llm.base_url is required when llm.provider is openai")
         return self

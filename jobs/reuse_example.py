@@ -14,11 +14,11 @@ import json
 import sys
 from typing import Any
 
-from pyflink.common import Configuration, Types
+from pyflink.common import Types
 from pyflink.datastream import DataStream, StreamExecutionEnvironment
 
 from flink_memory.config import Config, load_config
-from flink_memory.flink.pipeline import add_memory_operators
+from flink_memory.flink.pipeline import add_memory_operators, flink_configuration
 
 EVENTS = [
     {"customer": "acme", "ticket": 1, "at": "2026-03-01T09:00:00Z", "body": "Acme reports login failures since v2.4."},
@@ -45,17 +45,17 @@ def global_rows(node_json: str):
 def customer_memory(events: DataStream, config: Config) -> DataStream:
     """Events in, (agent_id, version, global summary) out; dead letters are printed by the TaskManager."""
     records = events.map(event_to_memory).name("support-event-to-memory")
-    streams = add_memory_operators(records, config)
+    streams = add_memory_operators(records, config, bounded=True)  # (a collection ends)
     streams.dead_letters.print("dead-letter")
     return streams.summaries.flat_map(
         global_rows, output_type=Types.TUPLE([Types.STRING(), Types.INT(), Types.STRING()])
     ).name("keep-global-summaries")
 
 
-def environment() -> StreamExecutionEnvironment:
-    conf = Configuration()
-    conf.set_string("python.executable", sys.executable)  # the workers need the interpreter with pyflink
-    env = StreamExecutionEnvironment.get_execution_environment(conf)
+def environment(config: Config) -> StreamExecutionEnvironment:
+    """Our settings for the Python workers (interpreter, execution mode, bundles) and checkpointing; a job
+    of yours may add its own to the same Configuration."""
+    env = StreamExecutionEnvironment.get_execution_environment(flink_configuration(config, None))
     env.set_parallelism(1)
     return env
 
@@ -67,7 +67,7 @@ def main() -> int:
     args = parser.parse_args()
     config = load_config(None, ["llm.provider=openai", f"llm.base_url={args.base_url}", f"llm.model={args.model}",
                                 "batching.max_items=2", "summarization.fan_in=2", "journal.path=null"])
-    env = environment()
+    env = environment(config)
     events = env.from_collection(EVENTS)
     with customer_memory(events, config).execute_and_collect("support-memory") as results:
         latest: dict[str, tuple[int, str]] = {}

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from flink_memory.chunking import core
 from flink_memory.chunking.manifest import ManifestMismatch, PolicyChanged, load_verified, manifest_json
-from flink_memory.chunking.planner import ChunkPlanner, PlanJob, PlannerRefused, prepare
+from flink_memory.chunking.planner import ChunkPlanner, PlanJob, prepare
 from flink_memory.config import load_config
 from flink_memory.llm.client import RequestFactory
 from flink_memory.records import Conversation, MemoryItem, TrustedConversation
@@ -157,9 +157,3 @@ def test_windows_join_without_a_seam():
     assert core.validate_plan(plan, len(prepared.exchanges)) == plan
 
 
-def test_batch_api_refused_at_run_time():
-    config = cfg("chunking.semantic=false", "llm.batch_api=true")
-    config.chunking.semantic = True  # reached despite config validation (e.g. state from another job)
-    p = ChunkPlanner(config, RequestFactory.from_config(config.llm))
-    with pytest.raises(PlannerRefused):
-        p.request(prepare(long_conversation()), PlanJob())

@@ -53,7 +53,8 @@ def test_invalid_values_name_key_value_and_reason(override, needle):
 def test_batch_api_refused_with_semantic_chunking():
     with pytest.raises(ConfigError, match="batch_api: true is refused while chunking.semantic"):
         load_config(None, ["llm.batch_api=true"], environ={})
-    assert load_config(None, ["llm.batch_api=true", "chunking.semantic=false"], environ={}).llm.batch_api
+    with pytest.raises(ConfigError, match="batch_api: true is not supported yet"):  # (no batch API is built)
+        load_config(None, ["llm.batch_api=true", "chunking.semantic=false"], environ={})
 
 
 def test_openai_provider_needs_base_url():
@@ -94,3 +95,12 @@ def test_store_location_defaults_beside_the_output(tmp_path, monkeypatch):
     assert load_config(None, ["store.enabled=false"], environ={}).store.location("s3://b/out") is None
     with pytest.raises(ConfigError, match="store.url must be set when the output is not a local path"):
         store.location("s3://bucket/out")
+
+
+def test_a_relative_journal_path_is_made_absolute_on_the_client(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    journal = load_config(None, [], environ={}).journal
+    assert journal.location() == str(tmp_path / ".flink-memory" / "journal.sqlite")  # workers run elsewhere
+    url = "postgresql://flink@db:5432/memory"
+    assert load_config(None, [f"journal.path={url}"], environ={}).journal.location() == url
+    assert load_config(None, ["journal.path=null"], environ={}).journal.location() is None

@@ -30,7 +30,7 @@ def test_operators_in_a_different_job(tmp_path):
     with ScriptedServer() as server:
         config = config_for(server.base_url, "batching.max_items=2", "summarization.fan_in=2",
                             "checkpointing.interval_s=0")
-        env = example.environment()
+        env = example.environment(config)
         stream = example.customer_memory(env.from_collection(events), config)
         with stream.execute_and_collect("reuse-test") as results:
             rows = list(results)

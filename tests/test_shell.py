@@ -75,3 +75,12 @@ def test_metric_increments_reach_flink_summed():
     tally.add("dead_letters", 2)
     tally.flush()  # (at close)
     assert group.counters["dead_letters"].incs == [2]
+
+
+def test_checkpoints_go_beside_a_remote_output_as_well_as_a_local_one(tmp_path, monkeypatch):
+    from flink_memory.flink.pipeline import _beside
+
+    monkeypatch.chdir(tmp_path)
+    assert _beside("s3://bucket/memory/", "_checkpoints") == "s3://bucket/memory/_checkpoints"
+    assert _beside("out", "_checkpoints") == str(tmp_path / "out" / "_checkpoints")
+    assert _beside(f"file://{tmp_path}/o", "_checkpoints") == str(tmp_path / "o" / "_checkpoints")

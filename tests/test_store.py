@@ -338,11 +338,15 @@ def test_show_and_recall_fail_with_a_message_and_an_exit_code(tmp_path, location
                 ("recall", "nobody"): (4, "agent 'nobody' has no memory in"),
                 ("show", "new"): (4, "agent 'new' has no global summary yet (1 live nodes; try recall)"),
                 ("show", "gone"): (4, "agent 'gone' has an empty memory (global-v1: forgotten)"),
+                ("recall", "gone"): (4, "agent 'gone' has an empty memory (global-v1: forgotten)"),
                 ("recall", "new"): (1, "nothing in the memory of 'new' matches 'zebra'")}
     for (command, agent), (want, message) in expected.items():
         argv = [command, agent] + (["zebra"] if command == "recall" else [])
         code, out, err = cli(capsys, *argv, "--store", location)
         assert (code, out) == (want, "") and err.startswith(f"flink-memory: {message}") and "Traceback" not in err
+    with pytest.raises(SystemExit) as usage:  # (argparse's exit for a wrong command line)
+        cli(capsys, "recall", "new", "boat", "--store", location, "--k", "0")
+    assert usage.value.code == 2 and "--k: must be at least 1, not 0" in capsys.readouterr().err
 
 
 def test_the_sample_agent_prompt_holds_the_gist_and_the_detail(tmp_path):

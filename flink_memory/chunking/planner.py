@@ -81,10 +81,6 @@ def item_part_tokens(config: Config) -> int:
     return max(32, min(config.chunking.max_chunk_tokens, room // 4))
 
 
-class PlannerRefused(RuntimeError):
-    """Semantic planning was asked of a configuration that forbids it."""
-
-
 @dataclass
 class Prepared:
     """A conversation ready to plan: its source messages, exchanges and their costs."""
@@ -262,8 +258,6 @@ class ChunkPlanner:
         return [{"role": "system", "content": system}, {"role": "user", "content": body}]
 
     def request(self, prepared: Prepared, job: PlanJob) -> ChatRequest:
-        if self.config.llm.batch_api:
-            raise PlannerRefused("semantic planning is refused with llm.batch_api: true")
         end, lines = self._window(prepared, job)
         return self.factory.build(self._messages(job.cursor, lines, end), prompt_version=PLANNER_PROMPT_VERSION,
                                   max_tokens=PLAN_OUTPUT_TOKENS, json_schema=PLAN_SCHEMA, scale=job.scale,

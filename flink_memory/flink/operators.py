@@ -450,3 +450,5 @@ class StageFunction(KeyedProcessFunction):
             log.warning("%s: provider failed, retrying later: %s", self.stage, error)
         for name, n in effects.counts.items():
             self._count(name, n)
+        if effects.dead_letters:  # (with the parser's, every dead letter of the job)
+            self._count("dead_letters", len(effects.dead_letters))

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import site
 import sys
@@ -26,12 +27,14 @@ from pyflink.datastream.connectors.file_system import (
 )
 
 from flink_memory import budgets
-from flink_memory.config import Config
+from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
 
 # Operator uids are part of the savepoint contract: never change them without a migration note. The keyed
 # stages carry a "-thread" suffix in thread mode (see stage_uid).
+log = logging.getLogger(__name__)
+
 UIDS = {
     "source": "flink-memory-source",
     "parse": "flink-memory-parse",
@@ -87,7 +90,7 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
         conf.set_string("execution.checkpointing.tolerable-failed-checkpoints",
                         str(config.checkpointing.tolerable_failures))
         conf.set_string("execution.checkpointing.externalized-checkpoint-retention", "RETAIN_ON_CANCELLATION")
-        directory = config.checkpointing.dir or (str(Path(output_dir).resolve() / "_checkpoints") if output_dir else None)
+        directory = config.checkpointing.dir or (_beside(output_dir, "_checkpoints") if output_dir else None)
         if directory:
             if "://" not in directory:
                 directory = Path(directory).resolve().as_uri()
@@ -104,6 +107,13 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
     if restore:
         conf.set_string("execution.state-recovery.path", restore if "://" in restore else Path(restore).resolve().as_uri())
     return conf
+
+
+def _beside(output_dir: str, name: str) -> str:
+    """A folder in the output directory: a local path made absolute, a remote one (s3://...) kept."""
+    if "://" in output_dir and not output_dir.startswith("file://"):
+        return f"{output_dir.rstrip('/')}/{name}"
+    return str(Path(output_dir.removeprefix("file://")).resolve() / name)
 
 
 def _own_python_path() -> str:
@@ -146,6 +156,23 @@ def _to_line(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, default=str)
 
 
+def _check_execution_mode(stream: DataStream, config: Config) -> None:
+    """The stage uids and PyFlink's state layout follow the Python execution mode: the job's environment
+    must run the mode the config names, or a restore would meet state of the other layout."""
+    try:
+        conf = stream.get_execution_environment()._j_stream_execution_environment.getConfiguration()
+        mode = conf.toMap().get("python.execution-mode")
+    except Exception:  # noqa: BLE001 - (a PyFlink without this internal: nothing to compare)
+        return
+    if mode is None:
+        log.warning("this job's environment does not set python.execution-mode; job.execution_mode (%s) is "
+                    "assumed: build it with flink_configuration(config, output_dir)", config.job.execution_mode)
+    elif mode != config.job.execution_mode:
+        raise ConfigError(f"the job's python.execution-mode is {mode} but job.execution_mode is "
+                          f"{config.job.execution_mode}: build the environment with flink_configuration(config, "
+                          f"output_dir) or set job.execution_mode: {mode}")
+
+
 def add_memory_operators(stream: DataStream, config: Config, output_dir: str | None = None, *,
                          bounded: bool = False) -> MemoryStreams:
     """Add parse, plan, batch and merge to `stream` (JSON strings, dicts or our record models).
@@ -156,6 +183,8 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     ends, not on timeouts; otherwise `batching.flush_after_s` and `summarization.global_refresh_s` apply.
     """
     budgets.check(config)
+    _check_execution_mode(stream, config)
+    config = config.model_copy(update={"journal": config.journal.model_copy(update={"path": config.journal.location()})})
     config_json = config.model_dump_json()
     lines = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
     parsed = lines.process(ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
