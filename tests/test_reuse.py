@@ -45,3 +45,19 @@ def test_operators_in_a_different_job(tmp_path):
     for n, customer in enumerate(["initech", "hooli", "umbrella"]):
         text = latest[f"support-{customer}"][1]
         assert all(f"{100 * n + k}" in text for k in range(5)), (customer, text)
+
+
+def test_an_environment_of_the_other_execution_mode_is_refused():
+    """The stage uids and the state layout follow the mode: operators added to a job of the other mode would
+    write state that a restore in the configured mode could not read."""
+    from pyflink.common import Configuration
+    from pyflink.datastream import StreamExecutionEnvironment
+
+    from flink_memory.config import ConfigError
+    from flink_memory.flink.pipeline import add_memory_operators
+
+    conf = Configuration()
+    conf.set_string("python.execution-mode", "process")
+    env = StreamExecutionEnvironment.get_execution_environment(conf)
+    with pytest.raises(ConfigError, match="python.execution-mode is process but job.execution_mode is thread"):
+        add_memory_operators(env.from_collection(["{}"]), config_for("http://127.0.0.1:9/v1"))
