@@ -7,6 +7,7 @@ from collections import Counter
 import pytest
 from stagekit import Pipeline, cfg, hold_plans, keeping_answer, live, summary_answer
 
+from flink_memory.llm.types import LLMCallError
 from flink_memory.stages.merger import JOINED_MODEL
 
 
@@ -236,3 +237,24 @@ def test_a_new_merge_that_keeps_failing_is_joined_and_its_children_stay_in_the_m
     assert [(d.stage, d.record_id) for d in pipeline.dead_letters] == [("internal", "merge-L2-000001")]
     assert all(f"Person{i} " in pipeline.current("a")["text"] for i in range(6))
     assert pipeline.current("a")["item_count"] == 6
+
+
+def test_the_sweep_keeps_the_children_of_a_merge_still_being_made():
+    """A merge waiting out a provider outage: a sweep meanwhile must keep its children, or a later deletion
+    below it finds nothing to replace and the deleted text stays live in the merge."""
+    merges_down = True
+
+    def answer(request):
+        if request.kind == "merge" and merges_down:
+            raise LLMCallError("provider outage")
+        return keeping_answer(request)
+
+    pipeline = run("memory.editable_for=100", bounded=False, answer=answer)
+    pipeline.feed(*[item("a", i) for i in range(6)]).settle()  # two batches; their merge fails and waits
+    pipeline.advance(11)  # the merger's sweep runs while the merge is still being made
+    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle()
+    merges_down = False
+    pipeline.advance(400).end()
+    assert "Person0 " not in live_text(pipeline, "a")
+    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 6))
+    assert pipeline.current("a")["item_count"] == 5

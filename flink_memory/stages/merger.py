@@ -353,6 +353,8 @@ class MergerCore:
             return
         merged = [(key, stored) for key, stored in state.items(NODES) if stored.parent is not None]
         for key, stored in merged:
+            if state.entry(MERGES, stored.parent) is not None:
+                continue  # its parent is still being made (or made again): it may be merged again
             parent = state.entry(NODES, stored.parent)
             if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.revising is None):
                 state.put(NODES, key, None)
