@@ -258,3 +258,24 @@ def test_the_sweep_keeps_the_children_of_a_merge_still_being_made():
     assert "Person0 " not in live_text(pipeline, "a")
     assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 6))
     assert pipeline.current("a")["item_count"] == 5
+
+
+def test_an_update_sealed_while_it_was_planned_is_refused_whole():
+    """Accepted 5 s before its old version seals, planned for 20 s: the old version's batches were sealed
+    meanwhile, so the update cannot retract them. It goes to dead-letters; the old version stays alone."""
+    pipeline = run("chunking.max_chunk_tokens=400", "memory.editable_for=100", "batching.flush_after_s=5",
+                   bounded=False)
+    pipeline.feed(conversation("a", "x", 10)).settle().advance(6).advance(89)  # t = 95 s: still editable
+    in_flight = hold_plans(pipeline)
+    pipeline.feed(conversation("a", "x", 10, edit=(2, "[x] turn 2: the budget is now 61 EUR")))
+    assert in_flight.held and not pipeline.dead_letters  # accepted: its plan is being made
+    pipeline.now += 20_000  # the stages' sweeps run while the plan call does
+    for index in (1, 2):
+        core = pipeline.stages[index].core
+        pipeline._activate(index, "a", lambda st, c=core: c.on_wake(st, pipeline.finished, pipeline.now))
+    in_flight.held.clear()
+    pipeline.settle().advance(6).advance(40)
+    assert [(d.stage, d.record_id) for d in pipeline.dead_letters] == [("change", "conv-x")]
+    assert "while this update was planned" in pipeline.dead_letters[0].reason
+    text = live_text(pipeline, "a")
+    assert "[x] turn 2: we discuss" in text and "61 EUR" not in text

@@ -356,6 +356,11 @@ class PlannerCore:
     def _emit(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord, now_ms: int,
               effects: Effects, store: bool = True, content: str | None = None) -> None:
         previous = entry.previous
+        if previous is not None and self._sealed(previous, now_ms):  # sealed while the update was planned:
+            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id) + " (it was sealed while "
+                                                      "this update was planned)", "change"))
+            state.put(SOURCES, record.id, previous)  # the old version stays what this id stands for
+            return
         if previous is not None:  # an update: the old version's units leave before the new ones arrive
             effects.out.append(Retract(units=previous.units, reason=f"record {record.id} updated").model_dump_json())
             effects.counts["updates"] += 1
