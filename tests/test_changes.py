@@ -279,3 +279,25 @@ def test_an_update_sealed_while_it_was_planned_is_refused_whole():
     assert "while this update was planned" in pipeline.dead_letters[0].reason
     text = live_text(pipeline, "a")
     assert "[x] turn 2: we discuss" in text and "61 EUR" not in text
+
+
+def test_a_revision_that_outlasts_the_mergers_sweep_still_finds_its_place():
+    """A deletion accepted just before its batch seals, and an outage delays the batch's new summary past the
+    merger's sealing: the merger was told the batch is being made again, so the merge above it is remade."""
+    batches_down = False
+
+    def answer(request):
+        if request.kind == "batch" and batches_down:
+            raise LLMCallError("provider outage")
+        return keeping_answer(request)
+
+    pipeline = run("memory.editable_for=100", bounded=False, answer=answer)
+    pipeline.feed(*[item("a", i) for i in range(6)]).settle().advance(95)  # m0 is sealed at 100 s
+    batches_down = True
+    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle()
+    pipeline.advance(30)  # the outage outlasts the seal; the merger's sweeps run meanwhile
+    batches_down = False
+    pipeline.advance(400).end()
+    assert not pipeline.dead_letters and "Person0 " not in live_text(pipeline, "a")
+    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 6))
+    assert pipeline.current("a")["item_count"] == 5

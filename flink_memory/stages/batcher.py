@@ -18,7 +18,7 @@ from flink_memory.config import Config
 from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
-from flink_memory.stages.messages import ForgetAgent, Retract, control_of
+from flink_memory.stages.messages import ForgetAgent, Retract, Revising, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
@@ -296,6 +296,7 @@ class BatcherCore:
             done.job = self._job(done.units) if done.units else None
             if seq not in meta.revising:
                 meta.revising.append(seq)
+                effects.out.append(Revising(node_ids=[done.live]).model_dump_json())
             self._revise(state, meta, done, finished, now_ms, effects)
         self._emit(state, meta, effects, now_ms)
 

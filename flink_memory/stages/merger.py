@@ -22,7 +22,7 @@ from flink_memory.config import Config
 from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
-from flink_memory.stages.messages import ForgetAgent, control_of
+from flink_memory.stages.messages import ForgetAgent, Revising, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
@@ -46,6 +46,7 @@ class StoredNode(StateModel):
     parent: str | None = None  # the merge it went into; None while in the frontier
     newest_ms: int = 0  # when the newest batch below it arrived
     revising: str | None = None  # the id of the revision of this merge being made
+    held: bool = False  # a batch being summarized again: kept, with what it is merged with, until replaced
 
 
 class ParentJob(StateModel):
@@ -90,6 +91,9 @@ class MergerCore:
         effects = Effects()
         if isinstance(control, ForgetAgent):
             self._forget(state, tree, clock, effects)
+            return self._settle(state, tree, clock, effects)
+        if isinstance(control, Revising):
+            self._keep_editable(state, control.node_ids)
             return self._settle(state, tree, clock, effects)
         node = SummaryNode.model_validate(data)
         clock.ended = False
@@ -347,15 +351,30 @@ class MergerCore:
             clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             state.set(CLOCK, clock)
 
+    def _keep_editable(self, state: StateTransaction, node_ids: list[str]) -> None:
+        """Nodes being made again are held: until their replacements arrive, the sweep keeps them, their
+        siblings and the merges above them, however long the calls take."""
+        for node_id in node_ids:
+            stored = state.entry(NODES, node_id)
+            if stored is not None and not stored.held:
+                state.put(NODES, node_id, stored.model_copy(update={"held": True}))
+
     def _sweep(self, state: StateTransaction, tree: SummaryTree, clock: Clock, now_ms: int) -> None:
         """Drop merged nodes whose parent has no editable batch below it any more (the frontier stays)."""
         if clock.next_sweep_ms is None or now_ms < clock.next_sweep_ms:
             return
-        merged = [(key, stored) for key, stored in state.items(NODES) if stored.parent is not None]
+        nodes = dict(state.items(NODES))
+        above_held: set[str] = set()  # merges above a node being made again: their children stay
+        for stored in nodes.values():
+            parent = stored.parent if stored.held else None
+            while parent is not None and parent not in above_held:
+                above_held.add(parent)
+                parent = nodes[parent].parent if parent in nodes else None
+        merged = [(key, stored) for key, stored in nodes.items() if stored.parent is not None]
         for key, stored in merged:
-            if state.entry(MERGES, stored.parent) is not None:
-                continue  # its parent is still being made (or made again): it may be merged again
-            parent = state.entry(NODES, stored.parent)
+            if stored.parent in above_held or state.entry(MERGES, stored.parent) is not None:
+                continue  # (a parent still being made, or made again, may merge it again)
+            parent = nodes.get(stored.parent)
             if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.revising is None):
                 state.put(NODES, key, None)
         clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if merged else None

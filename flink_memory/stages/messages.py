@@ -1,4 +1,4 @@
-"""What a stage tells the next one besides its records: retract units, forget an agent.
+"""What a stage tells the next one besides its records: retract units, a node being made again, forget.
 
 Records between stages are JSON objects: memory units (planner -> batcher) and summary nodes (batcher ->
 merger). A control message is a JSON object with `"control"`, which neither of those has.
@@ -30,7 +30,16 @@ class ForgetAgent(_Control):
     control: Literal["forget"] = "forget"
 
 
-Control = Retract | ForgetAgent
+class Revising(_Control):
+    """Batch nodes being summarized again after a change: what their replacements will be merged with must
+    stay in the merger's state until they arrive, however long their calls take."""
+
+    control: Literal["revising"] = "revising"
+    node_ids: list[str]
+
+
+Control = Retract | ForgetAgent | Revising
+_CONTROLS: dict[str, type[Control]] = {"retract": Retract, "forget": ForgetAgent, "revising": Revising}
 
 
 def control_of(payload: str) -> tuple[Control | None, dict[str, Any]]:
@@ -38,5 +47,4 @@ def control_of(payload: str) -> tuple[Control | None, dict[str, Any]]:
     data = json.loads(payload)
     if "control" not in data:
         return None, data
-    model: type[Control] = Retract if data["control"] == "retract" else ForgetAgent
-    return model.model_validate(data), data
+    return _CONTROLS[data["control"]].model_validate(data), data
