@@ -301,3 +301,14 @@ def test_a_revision_that_outlasts_the_mergers_sweep_still_finds_its_place():
     assert not pipeline.dead_letters and "Person0 " not in live_text(pipeline, "a")
     assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 6))
     assert pipeline.current("a")["item_count"] == 5
+
+
+def test_a_global_of_batch_and_global_names_only_batches_that_were_written():
+    """A batch whose units were all deleted before its summary is never written: no global may name it."""
+    pipeline = run("summarization.retention=batch_and_global")
+    pipeline.feed(*[item("a", i) for i in range(3)], *[{"agent_id": "a", "id": f"m{i}", "deleted": True}
+                                                      for i in range(3)], *[item("a", i) for i in range(3, 6)]).end()
+    written = {n["node_id"] for n in pipeline.summaries}
+    assert "batch-000001" not in written and "batch-000002" in written
+    current = pipeline.current("a")
+    assert current["children"] == ["batch-000002"] and current["item_count"] == 3

@@ -322,7 +322,7 @@ class MergerCore:
 
     def written_ids(self, tree: SummaryTree) -> list[str]:
         """Every node id of this agent written so far (ids are counted, never reused), as kept by retention."""
-        ids = [f"batch-{n:06d}" for n in range(1, tree.last_batch + 1)]
+        ids = [f"batch-{n:06d}" for n in tree.written_batches()]
         for level, count in enumerate(tree.merges_per_level):
             ids += [f"merge-L{level + 1}-{n:06d}" for n in range(1, count + 1)]
         ids += [f"{base}-r{n}" for base, last in sorted(tree.revised.items()) for n in range(1, last + 1)]

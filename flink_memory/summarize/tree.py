@@ -74,11 +74,19 @@ class SummaryTree(StateModel):
     last_batch: int = 0
     revised: dict[str, int] = Field(default_factory=dict)
     first_batch: int = 1  # the first batch of the memory as it is now (after a forget, the next one)
+    # batch numbers never written, as [first, last] runs: batches leave the batcher in order, so one that is
+    # skipped (all its units retracted before its summary, or dropped by a forget) never comes
+    unwritten: list[list[int]] = Field(default_factory=list)
+
+    def written_batches(self, first: int = 1) -> list[int]:
+        """Numbers of the batches written from `first` on, oldest first."""
+        skipped = {seq for start, end in self.unwritten for seq in range(max(start, first), end + 1)}
+        return [seq for seq in range(first, self.last_batch + 1) if seq not in skipped]
 
     def live_batch_ids(self) -> list[str]:
         """The live id of every batch of the current memory (the latest revision of each), oldest first."""
         ids = []
-        for seq in range(self.first_batch, self.last_batch + 1):
+        for seq in self.written_batches(self.first_batch):
             base = f"batch-{seq:06d}"
             ids.append(f"{base}-r{self.revised[base]}" if base in self.revised else base)
         return ids
@@ -88,7 +96,10 @@ class SummaryTree(StateModel):
         if number:
             self.revised[base] = max(number, self.revised.get(base, 0))
         if base.startswith("batch-"):
-            self.last_batch = max(self.last_batch, int(base.split("-")[1]))
+            seq = int(base.split("-")[1])
+            if not number and seq > self.last_batch + 1:
+                self.unwritten.append([self.last_batch + 1, seq - 1])
+            self.last_batch = max(self.last_batch, seq)
 
     # --- growth --------------------------------------------------------------------------------------
 
