@@ -31,10 +31,10 @@ from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
 
-# Operator uids are part of the savepoint contract: never change them without a migration note. The keyed
-# stages carry a "-thread" suffix in thread mode (see stage_uid).
 log = logging.getLogger(__name__)
 
+# Operator uids are part of the savepoint contract: never change them without a migration note. The keyed
+# stages carry a "-thread" suffix in thread mode (see stage_uid).
 UIDS = {
     "source": "flink-memory-source",
     "parse": "flink-memory-parse",

@@ -93,7 +93,7 @@ class MergerCore:
             self._forget(state, tree, clock, effects)
             return self._settle(state, tree, clock, effects)
         if isinstance(control, Revising):
-            self._keep_editable(state, control.node_ids)
+            self._hold(state, control.node_ids)
             return self._settle(state, tree, clock, effects)
         node = SummaryNode.model_validate(data)
         clock.ended = False
@@ -351,7 +351,7 @@ class MergerCore:
             clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             state.set(CLOCK, clock)
 
-    def _keep_editable(self, state: StateTransaction, node_ids: list[str]) -> None:
+    def _hold(self, state: StateTransaction, node_ids: list[str]) -> None:
         """Nodes being made again are held: until their replacements arrive, the sweep keeps them, their
         siblings and the merges above them, however long the calls take."""
         for node_id in node_ids:
