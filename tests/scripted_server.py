@@ -30,6 +30,7 @@ class Reply:
     status: int = 200
     delay_s: float = 0.0
     fault: str | None = None  # None | "hang" | "close" | "malformed"
+    error: str | None = None  # the error message of a status other than 200 (default "scripted <status>")
     finish_reason: str | None = None  # None: "length" when the text reaches max_tokens, else "stop"
     headers: dict[str, str] = field(default_factory=dict)
 
@@ -165,7 +166,8 @@ class ScriptedServer:
                     self.close_connection = True
                     return
                 if reply.status != 200:
-                    payload = json.dumps({"error": {"message": f"scripted {reply.status}", "type": "scripted"}})
+                    message = reply.error or f"scripted {reply.status}"
+                    payload = json.dumps({"error": {"message": message, "type": "scripted"}})
                 elif reply.fault == "malformed":
                     payload = '{"choices": [ {"message": '
                 else:

@@ -173,3 +173,35 @@ def test_structured_output_sends_json_schema(scripted):
     client.complete(client.requests.build([{"role": "user", "content": "x"}], prompt_version="p", json_schema=schema))
     sent = scripted.requests[0]["response_format"]
     assert sent["type"] == "json_schema" and sent["json_schema"]["schema"] == schema
+
+
+@pytest.mark.parametrize("status, error", [
+    (422, "Input validation error: `inputs` tokens + `max_new_tokens` must be <= 1024. Given: 1900 `inputs` "
+          "tokens and 256 `max_new_tokens`"),  # Hugging Face TGI
+    (413, "Request Entity Too Large"),  # a gateway in front of the model
+])
+def test_length_refusals_of_other_providers_are_re_packed_not_retried(status, error):
+    with ScriptedServer(lambda body: Reply(status=status, error=error)) as server:
+        client = make_client(server, "llm.max_retries=0")
+        with pytest.raises(ContextOverflow):  # (the reduce job re-packs on it; a plain call error would wait)
+            ask(client)
+        assert server.count() == 1 and client.stats.context_rejections == 1
+
+
+class BrokenJournal:
+    """A journal whose database is locked (or whose PostgreSQL server restarts)."""
+
+    def get(self, key, canonical):
+        raise OSError("database is locked")
+
+    def put(self, key, canonical, result):
+        raise OSError("database is locked")
+
+    def calibration(self, name):
+        return {}
+
+
+def test_a_journal_that_fails_costs_a_call_never_the_answer(scripted):
+    client = make_client(scripted, journal=BrokenJournal())
+    result = ask(client)  # read failed: asked the provider; write failed: the paid answer is still returned
+    assert result.text and scripted.count() == 1
