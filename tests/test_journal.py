@@ -210,3 +210,20 @@ def test_learned_token_ratios_outlive_the_process_and_a_tampered_row_is_ignored(
     assert store.open().calibration("other|m|estimate") == {}
     store.execute("UPDATE {table} SET body = replace(body, '0.35', '0.05') WHERE key LIKE 'calibration:%'")
     assert store.open().calibration("endpoint|m|estimate") == {}  # fails closed: counts from scratch
+
+
+def test_short_runs_keep_the_journal_bounded_too(store):
+    """Every process prunes at its first write: runs of fewer writes than PRUNE_EVERY do not pile up, and an
+    entry older than max_age_days leaves at the next run's first write."""
+    for run in range(4):
+        journal = store.open(max_entries=5, max_age_days=1)
+        for k in range(10):
+            body = canonical(run, k)
+            journal.put(digest(body), body, result(run, k))
+        journal.close()
+    assert len(store.open(max_entries=5, max_age_days=1)) <= 5 + 9  # (pruned at each run's first write)
+    store.execute("UPDATE {table} SET created = created - 2 * 86400")
+    journal = store.open(max_entries=5, max_age_days=1)
+    body = canonical(9, 0)
+    journal.put(digest(body), body, result(9, 0))
+    assert len(journal) == 1

@@ -70,12 +70,14 @@ def decode_row(key: str, canonical: dict[str, Any], request_digest: str, body: s
 class RowJournal(ABC):
     """The read, write and expiry rules; a store supplies the five statements."""
 
-    PRUNE_EVERY = 500
+    PRUNE_EVERY = 500  # writes; and at a process's first write, and at least every PRUNE_AFTER_S of writing
+    PRUNE_AFTER_S = 600.0
 
     def __init__(self, *, max_entries: int, max_age_days: float) -> None:
         self.max_entries = max_entries
         self.max_age_s = max_age_days * 86400
         self._puts = 0
+        self._pruned_at: float | None = None  # (monotonic) None: not yet in this process
 
     @abstractmethod
     def _select(self, key: str) -> tuple[str, str, str] | None:
@@ -114,7 +116,10 @@ class RowJournal(ABC):
     def put(self, key: str, canonical: dict[str, Any], result: ChatResult) -> None:
         self._upsert(encode_row(key, canonical, result))
         self._puts += 1
-        if self._puts % self.PRUNE_EVERY == 0:
+        now = time.monotonic()
+        if (self._pruned_at is None or self._puts % self.PRUNE_EVERY == 0
+                or now - self._pruned_at >= self.PRUNE_AFTER_S):  # (short runs too keep the journal bounded)
+            self._pruned_at = now
             self.prune()
 
     def count_fault(self, fault_key: str) -> int:
