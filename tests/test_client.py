@@ -205,3 +205,28 @@ def test_a_journal_that_fails_costs_a_call_never_the_answer(scripted):
     client = make_client(scripted, journal=BrokenJournal())
     result = ask(client)  # read failed: asked the provider; write failed: the paid answer is still returned
     assert result.text and scripted.count() == 1
+
+
+def test_an_operator_restarted_in_the_same_interpreter_shares_the_limit_and_pays_nothing_twice(tmp_path):
+    """Thread mode: a failed operator's calls still run when its replacement starts. The two runtimes share one
+    limit per endpoint, and a replayed request that waited for a slot is answered by the journal."""
+    from flink_memory.llm.runtime import acquire_runtime, release_runtime
+
+    with ScriptedServer(lambda body: Reply(text="ok"), latency_s=0.6) as server:
+        config = load_config(None, ["llm.provider=openai", f"llm.base_url={server.base_url}", "llm.max_concurrency=2",
+                                    "llm.tokenizer=estimate", f"journal.path={tmp_path / 'journal.sqlite'}",
+                                    "journal.drain_on_close_s=0.1"], environ={})
+        first = acquire_runtime(config, None)
+        requests = [first.factory.build([{"role": "user", "content": f"q{i}"}], prompt_version="t", kind="batch")
+                    for i in range(4)]
+        for request in requests[:2]:
+            first.pool.submit(request)
+        time.sleep(0.2)
+        release_runtime(config, None, "batcher")  # closed while its two calls run (drain 0.1 s)
+        second = acquire_runtime(config, None)
+        for request in requests:  # the replay asks the same two again, then two more
+            second.pool.submit(request)
+        second.pool.wait([r.digest for r in requests], timeout_s=20)
+        release_runtime(config, None, "batcher")
+    asked = [b for b in server.requests if b["messages"][-1]["content"].startswith("q")]
+    assert server.max_in_flight <= 2 and len(asked) == 4

@@ -15,6 +15,8 @@ import os
 import re
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -214,7 +216,10 @@ class LLMClient:
         self.budget = self.requests.budget
         self.stats = UsageStats()
         self.journal = journal
-        self._slots = threading.BoundedSemaphore(config.max_concurrency)
+        self._slots = _slots_for(self.base_url, config.model, config.max_concurrency)
+        self._in_flight = 0
+        self._closing = False
+        self._state_lock = threading.Lock()
         key = api_key if api_key is not None else resolve_api_key(config)
         http_client = openai.DefaultHttpxClient(event_hooks={"request": [self._count_http_request]})
         self._sdk = openai.OpenAI(
@@ -231,21 +236,26 @@ class LLMClient:
     def _count_http_request(self, _request: Any) -> None:
         self.stats.add(http_requests=1)
 
+    def _from_journal(self, request: ChatRequest, messages: list[dict[str, Any]]) -> ChatResult | None:
+        if self.journal is None:
+            return None
+        try:
+            cached = self.journal.get(request.digest, request.canonical())
+        except Exception as exc:  # noqa: BLE001 - a journal that cannot answer costs a call, never the work
+            log.warning("journal read failed, asking the provider: %s", exc)
+            return None
+        if cached is None:
+            return None
+        self.stats.add(journal_hits=1)
+        if cached.prompt_tokens:  # the provider's count from when it was made still calibrates
+            self._observe(messages, cached.prompt_tokens, request.kind)
+        return replace(cached, kind=request.kind)
+
     def complete(self, request: ChatRequest) -> ChatResult:
         """One completion: from the journal when it holds this request, else from the provider."""
         messages = request.message_dicts()
-        key = request.digest
-        if self.journal is not None:
-            try:
-                cached = self.journal.get(key, request.canonical())
-            except Exception as exc:  # noqa: BLE001 - a journal that cannot answer costs a call, never the work
-                log.warning("journal read failed, asking the provider: %s", exc)
-                cached = None
-            if cached is not None:
-                self.stats.add(journal_hits=1)
-                if cached.prompt_tokens:  # the provider's count from when it was made still calibrates
-                    self._observe(messages, cached.prompt_tokens, request.kind)
-                return replace(cached, kind=request.kind)
+        if (cached := self._from_journal(request, messages)) is not None:
+            return cached
         try:  # the counter may have learned since the request was packed: never send what may not fit
             estimate = self.budget.check(messages, request.max_tokens, self.counter.scale_for(request.kind))
         except RequestTooLarge as exc:
@@ -267,8 +277,26 @@ class LLMClient:
             }
         if self.config.provider == "embedded":
             kwargs["extra_body"] = {"cache_prompt": False}  # llama.cpp: repeatable output for equal requests
+        with _INFLIGHT_LOCK:  # one call per request in this interpreter: a replay of a call still running
+            running = _INFLIGHT.get(request.digest)  # (its operator restarted) waits for it and its journal row
+            if running is None:
+                _INFLIGHT[request.digest] = mine = threading.Event()
+        if running is not None:
+            running.wait(self.config.timeout_s * (self.config.max_retries + 1))
+            if (cached := self._from_journal(request, messages)) is not None:
+                return cached
+            return self._call(request, messages, kwargs, estimate)
+        try:
+            return self._call(request, messages, kwargs, estimate)
+        finally:
+            with _INFLIGHT_LOCK:
+                _INFLIGHT.pop(request.digest, None)
+            mine.set()
+
+    def _call(self, request: ChatRequest, messages: list[dict[str, Any]], kwargs: dict[str, Any],
+              estimate: int) -> ChatResult:
         started = time.monotonic()
-        with self._slots:
+        with self._slots, self._calling():
             try:
                 response = self._sdk.chat.completions.create(**kwargs)
             except (openai.OpenAIError, ValueError) as exc:  # ValueError: a body that is not JSON
@@ -310,7 +338,7 @@ class LLMClient:
         )
         if self.journal is not None:
             try:
-                self.journal.put(key, request.canonical(), result)
+                self.journal.put(request.digest, request.canonical(), result)
             except Exception as exc:  # noqa: BLE001 - the answer is paid for: use it even if it cannot be kept
                 log.warning("journal write failed (a replay would ask again): %s", exc)
         return result
@@ -351,8 +379,42 @@ class LLMClient:
         except LLMCallError as exc:
             log.warning("token calibration request failed (%s); counting conservatively until answers arrive", exc)
 
+    @contextmanager
+    def _calling(self) -> Iterator[None]:
+        with self._state_lock:
+            if self._closing:
+                raise LLMCallError("the client is closed")
+            self._in_flight += 1
+        try:
+            yield
+        finally:
+            with self._state_lock:
+                self._in_flight -= 1
+                close_now = self._closing and not self._in_flight
+            if close_now:
+                self._sdk.close()
+
     def close(self) -> None:
-        self._sdk.close()
+        """No new calls; the connection closes when the calls still running have ended (their answers reach
+        the journal, so a restarted operator does not pay for them again)."""
+        with self._state_lock:
+            self._closing = True
+            close_now = not self._in_flight
+        if close_now:
+            self._sdk.close()
+
+
+_INFLIGHT: dict[str, threading.Event] = {}  # request digest -> set when its call has ended
+_INFLIGHT_LOCK = threading.Lock()
+_SLOTS: dict[tuple[str, str, int], threading.BoundedSemaphore] = {}
+_SLOTS_LOCK = threading.Lock()
+
+
+def _slots_for(base_url: str, model: str, max_concurrency: int) -> threading.BoundedSemaphore:
+    """One limit per endpoint and model in this interpreter: a client made after a restart shares it with
+    the closed one's calls still running, so the provider never sees more than llm.max_concurrency."""
+    with _SLOTS_LOCK:
+        return _SLOTS.setdefault((base_url, model, max_concurrency), threading.BoundedSemaphore(max_concurrency))
 
 
 def _safe_message(exc: Exception) -> str:
