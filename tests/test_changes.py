@@ -312,3 +312,25 @@ def test_a_global_of_batch_and_global_names_only_batches_that_were_written():
     assert "batch-000001" not in written and "batch-000002" in written
     current = pipeline.current("a")
     assert current["children"] == ["batch-000002"] and current["item_count"] == 3
+
+
+def test_a_merge_made_again_that_outlasts_the_sweep_still_replaces_the_old_one():
+    """Deeper: the batch is summarized again at once, but the merge above it waits out an outage past the
+    seal. The merge it remakes, its siblings and the merges above stay until the new one arrives."""
+    merges_down = False
+
+    def answer(request):
+        if request.kind == "merge" and merges_down:
+            raise LLMCallError("provider outage")
+        return keeping_answer(request)
+
+    pipeline = run("memory.editable_for=100", bounded=False, answer=answer)
+    pipeline.feed(*[item("a", i) for i in range(12)]).settle().advance(95)  # four batches, three merges
+    merges_down = True
+    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle()
+    pipeline.advance(30)
+    merges_down = False
+    pipeline.advance(400).end()
+    assert "Person0 " not in live_text(pipeline, "a")
+    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 12))
+    assert pipeline.current("a")["item_count"] == 11

@@ -364,9 +364,9 @@ class MergerCore:
         if clock.next_sweep_ms is None or now_ms < clock.next_sweep_ms:
             return
         nodes = dict(state.items(NODES))
-        above_held: set[str] = set()  # merges above a node being made again: their children stay
+        above_held: set[str] = set()  # merges above a batch or merge being made again: their children stay
         for stored in nodes.values():
-            parent = stored.parent if stored.held else None
+            parent = stored.parent if stored.held or stored.revising is not None else None
             while parent is not None and parent not in above_held:
                 above_held.add(parent)
                 parent = nodes[parent].parent if parent in nodes else None
