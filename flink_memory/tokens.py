@@ -278,7 +278,7 @@ class Calibration:
     initial: float = 1.0
     margin: float = 0.05
     floor: float = 0.1
-    unseen_margin: float = 0.2
+    unseen_margin: float = 0.1
     ratios: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, float] = field(default_factory=dict)
     reports: int = 0
