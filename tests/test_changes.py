@@ -239,25 +239,46 @@ def test_a_new_merge_that_keeps_failing_is_joined_and_its_children_stay_in_the_m
     assert pipeline.current("a")["item_count"] == 6
 
 
-def test_the_sweep_keeps_the_children_of_a_merge_still_being_made():
-    """A merge waiting out a provider outage: a sweep meanwhile must keep its children, or a later deletion
-    below it finds nothing to replace and the deleted text stays live in the merge."""
-    merges_down = True
+class Outage:
+    """A provider that fails the calls of one kind while `down`."""
 
-    def answer(request):
-        if request.kind == "merge" and merges_down:
+    def __init__(self, kind, down=False):
+        self.kind, self.down = kind, down
+
+    def __call__(self, request):
+        if request.kind == self.kind and self.down:
             raise LLMCallError("provider outage")
         return keeping_answer(request)
 
-    pipeline = run("memory.editable_for=100", bounded=False, answer=answer)
+
+def assert_only_m0_left(pipeline, items):
+    assert "Person0 " not in live_text(pipeline, "a")
+    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, items))
+    assert pipeline.current("a")["item_count"] == items - 1
+
+
+def delete_m0_during_an_outage_past_its_seal(kind, items):
+    """m0 is deleted 5 s before it seals, and calls of `kind` fail for 30 s: the merger's sweeps run meanwhile."""
+    outage = Outage(kind)
+    pipeline = run("memory.editable_for=100", bounded=False, answer=outage)
+    pipeline.feed(*[item("a", i) for i in range(items)]).settle().advance(95)
+    outage.down = True
+    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle()
+    pipeline.advance(30)
+    outage.down = False
+    return pipeline.advance(400).end()
+
+
+def test_the_sweep_keeps_the_children_of_a_merge_still_being_made():
+    """A merge waiting out a provider outage: a sweep meanwhile must keep its children, or a later deletion
+    below it finds nothing to replace and the deleted text stays live in the merge."""
+    outage = Outage("merge", down=True)
+    pipeline = run("memory.editable_for=100", bounded=False, answer=outage)
     pipeline.feed(*[item("a", i) for i in range(6)]).settle()  # two batches; their merge fails and waits
     pipeline.advance(11)  # the merger's sweep runs while the merge is still being made
     pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle()
-    merges_down = False
-    pipeline.advance(400).end()
-    assert "Person0 " not in live_text(pipeline, "a")
-    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 6))
-    assert pipeline.current("a")["item_count"] == 5
+    outage.down = False
+    assert_only_m0_left(pipeline.advance(400).end(), 6)
 
 
 def test_an_update_sealed_while_it_was_planned_is_refused_whole():
@@ -282,25 +303,11 @@ def test_an_update_sealed_while_it_was_planned_is_refused_whole():
 
 
 def test_a_revision_that_outlasts_the_mergers_sweep_still_finds_its_place():
-    """A deletion accepted just before its batch seals, and an outage delays the batch's new summary past the
-    merger's sealing: the merger was told the batch is being made again, so the merge above it is remade."""
-    batches_down = False
-
-    def answer(request):
-        if request.kind == "batch" and batches_down:
-            raise LLMCallError("provider outage")
-        return keeping_answer(request)
-
-    pipeline = run("memory.editable_for=100", bounded=False, answer=answer)
-    pipeline.feed(*[item("a", i) for i in range(6)]).settle().advance(95)  # m0 is sealed at 100 s
-    batches_down = True
-    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle()
-    pipeline.advance(30)  # the outage outlasts the seal; the merger's sweeps run meanwhile
-    batches_down = False
-    pipeline.advance(400).end()
-    assert not pipeline.dead_letters and "Person0 " not in live_text(pipeline, "a")
-    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 6))
-    assert pipeline.current("a")["item_count"] == 5
+    """The batch's new summary waits out the outage: the merger was told the batch is being made again, so
+    it keeps the batch and the merge above it until the new node arrives, and the merge is made again."""
+    pipeline = delete_m0_during_an_outage_past_its_seal("batch", 6)
+    assert not pipeline.dead_letters
+    assert_only_m0_left(pipeline, 6)
 
 
 def test_a_global_of_batch_and_global_names_only_batches_that_were_written():
@@ -315,22 +322,6 @@ def test_a_global_of_batch_and_global_names_only_batches_that_were_written():
 
 
 def test_a_merge_made_again_that_outlasts_the_sweep_still_replaces_the_old_one():
-    """Deeper: the batch is summarized again at once, but the merge above it waits out an outage past the
-    seal. The merge it remakes, its siblings and the merges above stay until the new one arrives."""
-    merges_down = False
-
-    def answer(request):
-        if request.kind == "merge" and merges_down:
-            raise LLMCallError("provider outage")
-        return keeping_answer(request)
-
-    pipeline = run("memory.editable_for=100", bounded=False, answer=answer)
-    pipeline.feed(*[item("a", i) for i in range(12)]).settle().advance(95)  # four batches, three merges
-    merges_down = True
-    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle()
-    pipeline.advance(30)
-    merges_down = False
-    pipeline.advance(400).end()
-    assert "Person0 " not in live_text(pipeline, "a")
-    assert live_units(pipeline, "a") == Counter(f"m{i}" for i in range(1, 12))
-    assert pipeline.current("a")["item_count"] == 11
+    """Deeper: the batch is summarized again at once, but the merge above it waits out the outage. The merge
+    it remakes, its siblings and the merges above stay until the new one arrives."""
+    assert_only_m0_left(delete_m0_during_an_outage_past_its_seal("merge", 12), 12)
