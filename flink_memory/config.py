@@ -14,7 +14,7 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -217,6 +217,17 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
+def _as_given(dotted: str, value: Any, text: str) -> Any:
+    """A text setting keeps the text as written: `llm.model=1.5` is the model "1.5", not a float refused."""
+    section, _, key = dotted.partition(".")
+    try:
+        annotation = Config.model_fields[section].annotation.model_fields[key].annotation  # type: ignore[union-attr]
+    except (KeyError, AttributeError):
+        return value  # (an unknown name: _set_path says so)
+    is_text = annotation is str or set(get_args(annotation)) == {str, type(None)}
+    return text.strip() if is_text and isinstance(value, (bool, int, float)) else value
+
+
 def _set_path(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
     parts = dotted.split(".")
     if len(parts) != 2 or not all(parts):
@@ -239,7 +250,7 @@ def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
     for name, raw in sorted(environ.items()):
         if name.startswith(ENV_PREFIX):
             dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
-            found.append((dotted, _parse_scalar(raw), f"environment {name}"))
+            found.append((dotted, _as_given(dotted, _parse_scalar(raw), raw), f"environment {name}"))
     return found
 
 
@@ -249,7 +260,7 @@ def set_overrides(assignments: Iterable[str]) -> list[tuple[str, Any, str]]:
         if "=" not in item:
             raise ConfigError(f"--set {item!r}: expected section.key=value")
         key, raw = item.split("=", 1)
-        found.append((key.strip(), _parse_scalar(raw), f"--set {item}"))
+        found.append((key.strip(), _as_given(key.strip(), _parse_scalar(raw), raw), f"--set {item}"))
     return found
 
 

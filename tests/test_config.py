@@ -104,3 +104,11 @@ def test_a_relative_journal_path_is_made_absolute_on_the_client(tmp_path, monkey
     url = "postgresql://flink@db:5432/memory"
     assert load_config(None, [f"journal.path={url}"], environ={}).journal.location() == url
     assert load_config(None, ["journal.path=null"], environ={}).journal.location() is None
+
+
+def test_a_text_setting_keeps_what_was_written():
+    """YAML would read 1.5 as a number and yes as true: a text setting gets the text as given."""
+    config = load_config(None, ["llm.model=1.5", "llm.base_url=http://h:1/v1"],
+                         environ={"FLINK_MEMORY__LLM__API_KEY_ENV": "yes"})
+    assert config.llm.model == "1.5" and config.llm.api_key_env == "yes"
+    assert load_config(None, ["llm.max_concurrency=8"], environ={}).llm.max_concurrency == 8  # numbers stay
