@@ -273,7 +273,8 @@ def _explain(error: ValidationError, tree: Mapping[str, Any]) -> str:
         for part in loc:
             value = value.get(part) if isinstance(value, Mapping) else None
         shown = f" = {value!r}" if loc and value is not None else ""
-        lines.append(f"{key}{shown}: {item['msg']}")
+        message = str(item["msg"]).removeprefix("Value error, ")
+        lines.append(f"{key}{shown}: {message}" if loc else message)  # (a rule over several keys names them)
     return "invalid configuration: " + "; ".join(lines)
 
 
