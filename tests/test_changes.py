@@ -325,3 +325,26 @@ def test_a_merge_made_again_that_outlasts_the_sweep_still_replaces_the_old_one()
     """Deeper: the batch is summarized again at once, but the merge above it waits out the outage. The merge
     it remakes, its siblings and the merges above stay until the new one arrives."""
     assert_only_m0_left(delete_m0_during_an_outage_past_its_seal("merge", 12), 12)
+
+
+def test_forgetting_an_agent_restored_from_release_0_1_0_replaces_every_batch_it_wrote():
+    """Release 0.1.0 kept only the frontier (batch 5 above a merge of batches 1-4): batches missing from its
+    tree were written and merged, not skipped, so a forget must still replace them."""
+    from flink_memory.state import encode_state
+
+    pipeline = run("batching.max_items=1")
+
+    def node(node_id, kind, level, items):
+        return {"agent_id": "a", "node_id": node_id, "kind": kind, "level": level, "children": [],
+                "text": f"Summary {node_id}", "item_count": items, "model": "m"}
+
+    merger = pipeline.stages[2].state
+    merger.values[("a", "tree")] = encode_state({"levels": [
+        [{"node": node("batch-000005", "batch", 1, 1), "job": None}],
+        [{"node": node("merge-L2-000002", "merge", 2, 4), "job": None}]],
+        "merges_per_level": [0, 2], "global_version": 1, "global_children": []})
+    merger.values[("a", "jobs")] = encode_state({"merges": [], "global": None, "last_global_ms": 0})
+    pipeline.stages[1].state.values[("a", "pending")] = encode_state({"next_seq": 6, "batches": []})
+    pipeline.feed({"agent_id": "a", "forget": True}).end()
+    replaced = pipeline.nodes("global")[-1]["replaces"]
+    assert all(f"batch-{n:06d}" in replaced for n in range(1, 6))

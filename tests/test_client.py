@@ -230,3 +230,16 @@ def test_an_operator_restarted_in_the_same_interpreter_shares_the_limit_and_pays
         release_runtime(config, None, "batcher")
     asked = [b for b in server.requests if b["messages"][-1]["content"].startswith("q")]
     assert server.max_in_flight <= 2 and len(asked) == 4
+
+
+def test_without_a_journal_an_identical_request_does_not_wait_for_the_one_in_flight():
+    """The answer could only be shared through the journal: with none, waiting would only add latency."""
+    with ScriptedServer(lambda body: Reply(text="ok"), latency_s=0.5) as server:
+        client = make_client(server, "llm.tokenizer=estimate")
+        request = client.requests.build([{"role": "user", "content": "same"}], prompt_version="t")
+        threads = [threading.Thread(target=client.complete, args=(request,)) for _ in range(2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert server.count() == 2 and server.max_in_flight == 2  # side by side, not one after the other

@@ -344,6 +344,10 @@ def test_show_and_recall_fail_with_a_message_and_an_exit_code(tmp_path, location
         argv = [command, agent] + (["zebra"] if command == "recall" else [])
         code, out, err = cli(capsys, *argv, "--store", location)
         assert (code, out) == (want, "") and err.startswith(f"flink-memory: {message}") and "Traceback" not in err
+    with open_store(location) as store:  # new input after the forget, before its next global: recall finds it
+        store.upsert([node("batch-2", "Carol bought a red bicycle.", agent="gone")])
+    code, out, _ = cli(capsys, "recall", "gone", "bicycle", "--store", location)
+    assert code == 0 and "batch-2" in out
     with pytest.raises(SystemExit) as usage:  # (argparse's exit for a wrong command line)
         cli(capsys, "recall", "new", "boat", "--store", location, "--k", "0")
     assert usage.value.code == 2 and "--k: must be at least 1, not 0" in capsys.readouterr().err

@@ -277,15 +277,17 @@ class LLMClient:
             }
         if self.config.provider == "embedded":
             kwargs["extra_body"] = {"cache_prompt": False}  # llama.cpp: repeatable output for equal requests
-        with _INFLIGHT_LOCK:  # one call per request in this interpreter: a replay of a call still running
-            running = _INFLIGHT.get(request.digest)  # (its operator restarted) waits for it and its journal row
-            if running is None:
-                _INFLIGHT[request.digest] = mine = threading.Event()
-        if running is not None:
+        if self.journal is None:  # (nothing to share an answer through)
+            return self._call(request, messages, kwargs, estimate)
+        while True:  # one call per request in this interpreter: a replay of a call still running (its
+            with _INFLIGHT_LOCK:  # operator restarted) waits for it, then takes its journal row
+                running = _INFLIGHT.get(request.digest)
+                if running is None:
+                    _INFLIGHT[request.digest] = mine = threading.Event()
+                    break
             running.wait(self.config.timeout_s * (self.config.max_retries + 1))
             if (cached := self._from_journal(request, messages)) is not None:
                 return cached
-            return self._call(request, messages, kwargs, estimate)
         try:
             return self._call(request, messages, kwargs, estimate)
         finally:

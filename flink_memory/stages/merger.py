@@ -404,6 +404,7 @@ class MergerCore:
                     else:
                         slots.append(Slot(node_id=slot["job"], ready=False))
                 tree.levels.append(slots)
+            tree.unwritten = []  # (release 0.1.0 dropped merged batches from its tree: they were all written)
             tree.merges_per_level = list(data.get("merges_per_level", []))
             tree.global_version = int(data.get("global_version", 0))
             tree.global_children = list(data.get("global_children", []))
