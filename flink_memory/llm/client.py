@@ -285,9 +285,11 @@ class LLMClient:
                 if running is None:
                     _INFLIGHT[request.digest] = mine = threading.Event()
                     break
-            running.wait(self.config.timeout_s * (self.config.max_retries + 1))
+            ended = running.wait(self.config.timeout_s * (self.config.max_retries + 1))
             if (cached := self._from_journal(request, messages)) is not None:
                 return cached
+            if not ended:  # (the other call outlasted every timeout of its own: do not wait for it again)
+                return self._call(request, messages, kwargs, estimate)
         try:
             return self._call(request, messages, kwargs, estimate)
         finally:
