@@ -55,7 +55,9 @@ def live(summaries):
     return [n for n in summaries if (n["agent_id"], n["node_id"]) not in replaced]
 
 
-def check(out):
+def check(out, all_summarized_first=True):
+    """`all_summarized_first`: every changed fact was in a summary before its change (a change later in the
+    same input can reach a unit whose batch call is still running: it is rebuilt without it, also correct)."""
     nodes = live(out["summaries"])
     units = Counter((n["agent_id"], u) for n in nodes if n["kind"] == "batch" for u in n["children"])
     assert all(count == 1 for count in units.values()), "a live unit is in two live batch nodes"
@@ -72,8 +74,10 @@ def check(out):
         "a": 10 + chunks, "b": 5, "c": 0, "d": 150}
     live_text = " ".join(n["text"] for n in nodes)
     everything = " ".join(n["text"] for n in out["summaries"])
-    for gone in (name("a", 3), name("b", 2), name("c", 1)):  # superseded, deleted, forgotten
-        assert gone in everything and gone not in live_text, gone
+    gone = [name("a", 3), name("b", 2), name("c", 1)]  # superseded, deleted, forgotten
+    assert not [fact for fact in gone if fact in live_text]
+    summarized = [fact for fact in gone if fact in everything]
+    assert summarized == gone if all_summarized_first else summarized, summarized
     assert "Corrected" in current["a"]["text"] and "Harbor" in live_text and name("t", 11) in live_text
     assert current["c"]["text"] == "" and [n["agent_id"] for n in nodes].count("c") == 1
     stages = Counter(d["stage"] for d in out["dead-letters"])
@@ -83,7 +87,7 @@ def check(out):
 def test_changes_later_in_the_same_input(tmp_path):
     with ScriptedServer() as server:
         out = run(tmp_path, originals() + changes(), server.base_url, *SETTINGS)
-    check(out)
+    check(out, all_summarized_first=False)
 
 
 def test_changes_after_a_kill_and_a_restore(tmp_path):
