@@ -92,14 +92,10 @@ class Packer:
         self.count = 0
         self._date: str | None = None
 
-    def text_cost(self, entry: dict[str, Any]) -> int:
-        """Tokens of the entry's own line (without the date line it may need)."""
-        return self.counter.line(escape(entry["text"]), self.scale)
-
-    def cost(self, entry: dict[str, Any], text_cost: int | None = None) -> int:
-        """Tokens `entry` adds after the entries already packed (`text_cost`: its `text_cost`, if known)."""
+    def cost(self, entry: dict[str, Any]) -> int:
+        """Tokens `entry` adds after the entries already packed."""
         date = entry_date(entry)
-        cost = self.text_cost(entry) if text_cost is None else text_cost
+        cost = self.counter.line(escape(entry["text"]), self.scale)
         if self.count == 0 or date != self._date:
             cost += self.counter.line("@" + (date or "undated"), self.scale)
         return cost
@@ -113,8 +109,8 @@ class Packer:
         packer._date = entry_date(last) if last is not None else None
         return packer
 
-    def add(self, entry: dict[str, Any], text_cost: int | None = None) -> int:
-        cost = self.cost(entry, text_cost)
+    def add(self, entry: dict[str, Any]) -> int:
+        cost = self.cost(entry)
         self.used += cost
         self.count += 1
         self._date = entry_date(entry)

@@ -81,25 +81,22 @@ class ReduceJob(StateModel):
         if self.scale is None:
             self.scale = budget.counter.scale_for(self.purpose)
         room = entry_limit(budget, self.purpose, self.scale)
-        alone = Packer(budget.counter, self.scale)  # (an empty packer: every entry costs its date line too)
-        expanded: list[tuple[dict[str, Any], int]] = []  # entries that fit a request alone, with text costs
+        expanded: list[dict[str, Any]] = []
         for entry in self.entries:
-            text_cost = alone.text_cost(entry)
-            if alone.cost(entry, text_cost) <= room:
-                expanded.append((entry, text_cost))
-            else:
-                expanded.extend((part, alone.text_cost(part)) for part in _split_entry(entry, room, alone))
+            alone = Packer(budget.counter, self.scale)
+            fits = alone.cost(entry) <= room
+            expanded.extend([entry] if fits else _split_entry(entry, room, alone))
         whole = Packer(budget.counter, self.scale)
-        if len(expanded) == len(self.entries) and sum(whole.add(e, c) for e, c in expanded) <= room:
-            return True, [self.entries]
+        if len(expanded) == len(self.entries) and sum(whole.add(e) for e in expanded) <= room:
+            return True, [expanded]
         groups: list[list[dict[str, Any]]] = [[]]
         packer = Packer(budget.counter, self.scale)
-        for entry, text_cost in expanded:
-            if groups[-1] and packer.used + packer.cost(entry, text_cost) > room:
+        for entry in expanded:
+            if groups[-1] and packer.used + packer.cost(entry) > room:
                 groups.append([])
                 packer = Packer(budget.counter, self.scale)
             groups[-1].append(entry)
-            packer.add(entry, text_cost)
+            packer.add(entry)
         return False, groups
 
     def _round_target(self, budget: Budget, groups: int) -> int:
