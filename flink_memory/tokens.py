@@ -289,17 +289,15 @@ class Calibration:
         found = [r for r in (self.ratios.get(group), self.rejected.get(group)) if r is not None]
         return max(found) if found else None
 
-    def ratio(self, kind: str | None = None) -> float | None:
-        """The ratio requests of `kind` are packed with; None before any report."""
-        own = self._own(kind) if kind else None
-        return own if own is not None else max([*self.ratios.values(), *self.rejected.values()], default=None)
-
     def scale_for(self, kind: str | None = None) -> float:
         """The factor from raw counts to the provider's tokens for requests of `kind` (None: any kind)."""
-        ratio = self.ratio(kind)
+        ratio = self._own(kind) if kind else None
+        margin = self.margin
+        if ratio is None:  # no report of its own: the largest of any kind, with the wider margin
+            ratio = max([*self.ratios.values(), *self.rejected.values()], default=None)
+            margin = self.unseen_margin
         if ratio is None:
             return self.initial
-        margin = self.margin if kind and self._own(kind) is not None else self.unseen_margin
         return max(self.floor, math.ceil(ratio * (1 + margin) * 64) / 64)
 
     @property

@@ -394,17 +394,19 @@ class LLMClient:
         finally:
             with self._state_lock:
                 self._in_flight -= 1
-                close_now = self._closing and not self._in_flight
-            if close_now:
-                self._sdk.close()
+            self._close_if_idle()
 
     def close(self) -> None:
         """No new calls; the connection closes when the calls still running have ended (their answers reach
         the journal, so a restarted operator does not pay for them again)."""
         with self._state_lock:
             self._closing = True
-            close_now = not self._in_flight
-        if close_now:
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        with self._state_lock:
+            close_now = self._closing and not self._in_flight
+        if close_now:  # (closing the SDK client twice is harmless)
             self._sdk.close()
 
 
