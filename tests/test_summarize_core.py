@@ -166,6 +166,20 @@ def test_merges_cut_early_when_the_next_node_would_not_fit():
     assert starts and all(2 <= len(s.children) < 8 for s in starts)
 
 
+def test_merge_groups_are_packed_by_what_the_provider_reported_for_summaries():
+    """Summaries full of numbers: the estimate overcounts them far more than the start-up probe's prose. A
+    group packed by the probe's ratio held 4 of them where the merge request takes the fan-in of 8."""
+    config = cfg("llm.context_window=2048", "llm.max_output_tokens=256")
+    budget = RequestFactory.from_config(config.llm).budget
+    budget.counter.calibration.observe(400, 300, "calibrate")  # prose: 0.75
+    text = " ".join(f"{k * 7919 % 100000} 2026-03-{1 + k % 28:02d}" for k in range(24))  # ~400 characters
+    before = Tree()
+    assert [len(s.children) for i in range(8) for s in before.add(node(i, text=text), 8, budget)] == [4]
+    budget.counter.calibration.observe_answer(budget.counter.raw(text), math.ceil(len(text) / 4), "batch")
+    after = Tree()
+    assert [len(s.children) for i in range(8) for s in after.add(node(i, text=text), 8, budget)] == [8]
+
+
 def test_tree_waits_for_earlier_merges_to_keep_chronology():
     budget = RequestFactory.from_config(cfg().llm).budget
     tree = Tree()

@@ -321,6 +321,8 @@ class LLMClient:
             usage = response.usage
             prompt_tokens = int(usage.prompt_tokens) if usage else 0
             completion_tokens = int(usage.completion_tokens) if usage else 0
+            details = getattr(usage, "completion_tokens_details", None)
+            reasoning = int(getattr(details, "reasoning_tokens", None) or 0)  # (not in the answer's text)
         except (AttributeError, IndexError, TypeError, ValueError) as exc:
             self.stats.add(failures=1, latency_s=elapsed)
             raise LLMCallError(f"malformed response from provider: {exc}") from None
@@ -335,6 +337,8 @@ class LLMClient:
         )
         if prompt_tokens:
             self._observe(messages, prompt_tokens, request.kind)
+        if text and completion_tokens > reasoning:
+            self._keep_if(self.counter.observe_answer(text, completion_tokens - reasoning, request.kind))
         self.stats.count_kind(request.kind)
         self.stats.add(
             calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed,
@@ -357,7 +361,10 @@ class LLMClient:
         """Calibrate from a count the provider reported; a ratio that grew is kept in the journal, so a job
         restored after a failure starts from what the failed one had learned and mostly packs as it did (work
         packed before a ratio last grew can still be cut differently and asked again)."""
-        if self.counter.observe(messages, reported, kind) and self.journal is not None and not self.counter.exact:
+        self._keep_if(self.counter.observe(messages, reported, kind))
+
+    def _keep_if(self, grew: bool) -> None:
+        if grew and self.journal is not None and not self.counter.exact:
             try:
                 self.journal.save_calibration(self.calibration_name, self.counter.calibration.snapshot())
             except Exception as exc:  # noqa: BLE001 - a journal that cannot keep it costs packing, never a call

@@ -18,7 +18,8 @@ from pydantic import BaseModel, Field
 
 from flink_memory.records import SummaryNode
 from flink_memory.state import StateModel
-from flink_memory.summarize.prompts import Packer, entry_room
+from flink_memory.summarize.prompts import Packer
+from flink_memory.summarize.reduce import entry_limit
 from flink_memory.tokens import Budget
 
 
@@ -126,11 +127,13 @@ class SummaryTree(StateModel):
     def _form_groups(self, level: int, fan_in: int, budget: Budget,
                      lookup: Callable[[str], SummaryNode]) -> list[MergeStart]:
         started: list[MergeStart] = []
-        limit = entry_room(budget, "merge", budget.max_output_tokens)
+        # packed as the merge job will pack it: by what the provider's counts of summaries and merges taught
+        scale = budget.counter.scale_for("merge")
+        limit = entry_limit(budget, "merge", scale)
         slots = self._level(level)
         while True:
             group: list[SummaryNode] = []
-            packer = Packer(budget.counter)
+            packer = Packer(budget.counter, scale)
             ready = False
             for slot in slots:
                 if not slot.ready:
