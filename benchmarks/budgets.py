@@ -32,7 +32,7 @@ from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
 from flink_memory.llm.runtime import read_stats  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
-from flink_memory.summarize.prompts import messages_for  # noqa: E402
+from flink_memory.summarize.prompts import messages_for, request_purpose  # noqa: E402
 
 COUNT = chars_per_token(4)
 SUBJECTS = ["Alice", "Bob", "the Lisbon office", "project Orion", "the billing team", "Dana", "the vendor"]
@@ -95,9 +95,15 @@ def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdi
     # the prompt budget of a summary request, as the provider counts: window - max_tokens
     budget = args.context_window - args.max_output_tokens
     summary_sizes = [s for b, s in zip(sent, sizes) if "response_format" not in b]
+    by_kind: dict[str, list[int]] = {}
+    for body, size in zip(sent, sizes):
+        kind = request_purpose(body["messages"]) or ("plan" if "response_format" in body else "calibration")
+        calls, tokens = by_kind.setdefault(kind, [0, 0])
+        by_kind[kind] = [calls + 1, tokens + size]
     return {"calls": len(sent), "prompt_tokens": sum(sizes), "largest_prompt": max(sizes),
             "largest_over_budget": max(summary_sizes) / budget, "over_window": over, "rejected": rejected,
             "calls_by_kind": {k: sum(1 for n in nodes if n["kind"] == k) for k in ("batch", "merge", "global")},
+            "requests_by_kind": {k: {"calls": c, "prompt_tokens": t} for k, (c, t) in sorted(by_kind.items())},
             "truncated": int(stats.get("truncated", 0)), "wall_s": wall, "units": units}
 
 
@@ -136,6 +142,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{ratios['prompt_tokens_over_baseline_input']:.2f}x the single-request input; largest summary request "
           f"{ratios['largest_request_over_budget']:.2f} of the prompt budget (window - max_tokens); nodes "
           f"{ours['calls_by_kind']}, {ours['truncated']} truncated, {ours['units']} units, {ours['wall_s']:.0f} s")
+    print("requests by kind (calls / prompt tokens): " + ", ".join(
+        f"{kind} {v['calls']} / {v['prompt_tokens']}" for kind, v in ours["requests_by_kind"].items()))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))

@@ -33,6 +33,7 @@ from scripted_server import ScriptedServer  # noqa: E402
 
 from flink_memory.cli import read_outputs  # noqa: E402
 from flink_memory.flink.pipeline import build_job, create_environment, file_sink, file_source  # noqa: E402
+from flink_memory.summarize.prompts import request_purpose  # noqa: E402
 
 
 def run_memory_job(workdir: Path, input_path: Path, server: ScriptedServer, *overrides: str) -> tuple[float, dict]:
@@ -83,14 +84,10 @@ def minimum_calls(agents: int, per_agent: int, max_items: int, fan_in: int) -> i
 
 
 def calls_by_kind(server: ScriptedServer) -> dict[str, int]:
-    kinds = {"batch": "Summarize the items", "part": "Summarize these parts", "merge": "Merge the summaries",
-             "global": "Write the whole current memory"}
-    counts = dict.fromkeys(kinds, 0)
+    counts = dict.fromkeys(("batch", "part", "merge", "global"), 0)
     for body in server.requests:
-        system = body["messages"][0]["content"]
-        for kind, marker in kinds.items():
-            if marker in system:
-                counts[kind] += 1
+        if (purpose := request_purpose(body["messages"])) is not None:
+            counts[purpose] += 1
     return counts
 
 

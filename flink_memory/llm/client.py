@@ -33,17 +33,14 @@ __all__ = ["ChatRequest", "ChatResult", "ContextOverflow", "LLMCallError", "LLMC
 log = logging.getLogger(__name__)
 
 
-CALIBRATION_VERSION = "calibration-v2"
+CALIBRATION_VERSION = "calibration-v3"
 # Plain prose of long words, no digits: the estimate counts it most tightly (digits and dates it overcounts
 # the most), so the ratio it gives is near the highest of any text and packing by it starts safe.
 CALIBRATION_TEXT = (
     "Throughout the afternoon the engineering department reviewed the integration between the warehouse "
     "management system and the accounting platform, which stopped synchronizing invoices after yesterday's "
     "maintenance window. Several customers reported delayed shipments, so the operations manager asked "
-    "everyone to prioritize the investigation, document every observation in the shared notebook, and "
-    "communicate progress regularly. Meanwhile the procurement specialists renegotiated transportation "
-    "contracts, the support representatives answered questions about refunds and replacements, and the "
-    "leadership team prepared an explanation for shareholders describing the disruption and its resolution."
+    "everyone to prioritize the investigation and communicate progress regularly."
 )
 
 
