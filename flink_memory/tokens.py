@@ -257,12 +257,9 @@ def open_tokenizer(spec: str, base_url: str | None, provider: str, model: str) -
 # --- calibration ------------------------------------------------------------------------------------------
 
 
-# A part request carries slices of item text, as a batch request does; a global reads summaries, as a merge
-# does: each pair calibrates together.
+# A part request carries slices of item text, as a batch request does; a global is built like a merge (a
+# frame, then dated summaries): each pair calibrates together.
 _KIND_GROUPS = {"part": "batch", "global": "merge"}
-# Summaries (the answers of these kinds) are what merges and globals read: the provider's count of an answer
-# (`usage.completion_tokens`) calibrates merges before the first merge is packed.
-_ANSWERS_READ_BY = {"batch": "merge", "part": "merge", "merge": "merge", "global": "merge"}
 
 
 @dataclass
@@ -326,17 +323,13 @@ class Calibration:
                 learned[group] = reported / ours
             return grew and not rejection
 
-    def observe_answer(self, ours: int, reported: int, kind: str) -> bool:
-        """Learn from the provider's count of an answer, for the kind of request that will read it."""
-        reader = _ANSWERS_READ_BY.get(kind)
-        return self.observe(ours, reported, reader) if reader else False
-
     def seed(self, ratios: Mapping[str, float]) -> None:
         """Start from ratios learned before (kept in the journal): a restored job packs as the failed one did."""
         with self._lock:
             for kind, ratio in ratios.items():
+                group = _KIND_GROUPS.get(kind, kind)  # (a journal of an older release may name a kind apart)
                 if ratio > 0:
-                    self.ratios[kind] = max(self.ratios.get(kind, 0.0), ratio)
+                    self.ratios[group] = max(self.ratios.get(group, 0.0), ratio)
 
 
 # --- counting and budgets ---------------------------------------------------------------------------------
@@ -424,10 +417,6 @@ class TokenCounter:
         """Learn from the provider's usage report (and, `rejection`, from its count in a length rejection)."""
         return self.calibration.observe(self.raw_request(messages), reported_prompt_tokens, kind,
                                         rejection=rejection)
-
-    def observe_answer(self, text: str, reported_completion_tokens: int, kind: str) -> bool:
-        """Learn from the provider's count of an answer (a summary is read by the next merge)."""
-        return self.calibration.observe_answer(self.raw(text), reported_completion_tokens, kind)
 
 
 def make_calibration(tokenizer: Tokenizer) -> Calibration:

@@ -33,7 +33,6 @@ class Reply:
     error: str | None = None  # the error message of a status other than 200 (default "scripted <status>")
     finish_reason: str | None = None  # None: "length" when the text reaches max_tokens, else "stop"
     headers: dict[str, str] = field(default_factory=dict)
-    reasoning_tokens: int = 0  # hidden reasoning, counted in completion_tokens (as OpenAI's reasoning models do)
 
 
 Script = Callable[[dict[str, Any]], Reply]
@@ -175,7 +174,7 @@ class ScriptedServer:
                     text, finish = reply.text, reply.finish_reason or "stop"
                     if max_tokens and server.count_tokens(text) >= max_tokens:
                         finish = "length"
-                    completion_tokens = server.count_tokens(text) + reply.reasoning_tokens
+                    completion_tokens = server.count_tokens(text)
                     payload = json.dumps(
                         {
                             "id": f"chatcmpl-{len(server.requests)}",
@@ -193,7 +192,6 @@ class ScriptedServer:
                                 "prompt_tokens": prompt_tokens,
                                 "completion_tokens": completion_tokens,
                                 "total_tokens": prompt_tokens + completion_tokens,
-                                "completion_tokens_details": {"reasoning_tokens": reply.reasoning_tokens},
                             },
                         }
                     )

@@ -34,14 +34,14 @@ def cfg(*overrides: str) -> Config:
 
 def summary_answer(request: ChatRequest) -> ChatResult:
     """A short summary naming the request's first entry line (so tests can trace what was summarized)."""
-    lines = [line for line in request.messages[-1][1].splitlines()[1:] if not line.startswith("@")]
+    lines = [line for line in request.messages[-1][1].splitlines() if not line.startswith("@")]
     return ChatResult(text=f"Summary of {len(lines)}: {lines[0][:40] if lines else ''}",
                       prompt_tokens=estimate_messages(request.message_dicts()), completion_tokens=8, model="fake")
 
 
 def keeping_answer(request: ChatRequest) -> ChatResult:
     """A summarizer that keeps every line it is given (so a test can see which facts a node holds)."""
-    lines = [line for line in request.messages[-1][1].splitlines()[1:] if not line.startswith("@")]
+    lines = [line for line in request.messages[-1][1].splitlines() if not line.startswith("@")]
     return ChatResult(text=" | ".join(lines), prompt_tokens=estimate_messages(request.message_dicts()),
                       completion_tokens=8, model="fake")
 

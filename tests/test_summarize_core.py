@@ -166,16 +166,19 @@ def test_merges_cut_early_when_the_next_node_would_not_fit():
     assert starts and all(2 <= len(s.children) < 8 for s in starts)
 
 
-def test_merge_groups_are_packed_by_what_the_provider_reported_for_summaries():
-    """Summaries full of numbers: the estimate overcounts them far more than the start-up probe's prose. A
-    group packed by the probe's ratio held 4 of them where the merge request takes the fan-in of 8."""
+def test_merge_groups_are_packed_by_what_the_provider_reported_for_merges():
+    """Summaries full of numbers: the estimate overcounts them far more than the start-up probe's prose. Once
+    merges have reported, a group holds the fan-in of 8 where the probe's ratio (the largest of any kind)
+    took 4; before that it stays conservative."""
     config = cfg("llm.context_window=2048", "llm.max_output_tokens=256")
     budget = RequestFactory.from_config(config.llm).budget
-    budget.counter.calibration.observe(400, 300, "calibrate")  # prose: 0.75
+    calibration = budget.counter.calibration
+    calibration.observe(400, 300, "calibrate")  # prose: 0.75
     text = " ".join(f"{k * 7919 % 100000} 2026-03-{1 + k % 28:02d}" for k in range(24))  # ~400 characters
     before = Tree()
     assert [len(s.children) for i in range(8) for s in before.add(node(i, text=text), 8, budget)] == [4]
-    budget.counter.calibration.observe_answer(budget.counter.raw(text), math.ceil(len(text) / 4), "batch")
+    calibration.observe(1000, 300, "global")  # a global is built like a merge: it calibrates merges too
+    assert budget.counter.scale_for("merge") == budget.counter.scale_for("global") == math.ceil(0.3 * 1.05 * 64) / 64
     after = Tree()
     assert [len(s.children) for i in range(8) for s in after.add(node(i, text=text), 8, budget)] == [8]
 

@@ -33,14 +33,17 @@ __all__ = ["ChatRequest", "ChatResult", "ContextOverflow", "LLMCallError", "LLMC
 log = logging.getLogger(__name__)
 
 
-CALIBRATION_VERSION = "calibration-v3"
+CALIBRATION_VERSION = "calibration-v2"
 # Plain prose of long words, no digits: the estimate counts it most tightly (digits and dates it overcounts
 # the most), so the ratio it gives is near the highest of any text and packing by it starts safe.
 CALIBRATION_TEXT = (
     "Throughout the afternoon the engineering department reviewed the integration between the warehouse "
     "management system and the accounting platform, which stopped synchronizing invoices after yesterday's "
     "maintenance window. Several customers reported delayed shipments, so the operations manager asked "
-    "everyone to prioritize the investigation and communicate progress regularly."
+    "everyone to prioritize the investigation, document every observation in the shared notebook, and "
+    "communicate progress regularly. Meanwhile the procurement specialists renegotiated transportation "
+    "contracts, the support representatives answered questions about refunds and replacements, and the "
+    "leadership team prepared an explanation for shareholders describing the disruption and its resolution."
 )
 
 
@@ -318,8 +321,6 @@ class LLMClient:
             usage = response.usage
             prompt_tokens = int(usage.prompt_tokens) if usage else 0
             completion_tokens = int(usage.completion_tokens) if usage else 0
-            details = getattr(usage, "completion_tokens_details", None)
-            reasoning = int(getattr(details, "reasoning_tokens", None) or 0)  # (not in the answer's text)
         except (AttributeError, IndexError, TypeError, ValueError) as exc:
             self.stats.add(failures=1, latency_s=elapsed)
             raise LLMCallError(f"malformed response from provider: {exc}") from None
@@ -334,8 +335,6 @@ class LLMClient:
         )
         if prompt_tokens:
             self._observe(messages, prompt_tokens, request.kind)
-        if text and completion_tokens > reasoning:
-            self._keep_if(self.counter.observe_answer(text, completion_tokens - reasoning, request.kind))
         self.stats.count_kind(request.kind)
         self.stats.add(
             calls=1, prompt_tokens=prompt_tokens, completion_tokens=completion_tokens, latency_s=elapsed,
@@ -358,10 +357,7 @@ class LLMClient:
         """Calibrate from a count the provider reported; a ratio that grew is kept in the journal, so a job
         restored after a failure starts from what the failed one had learned and mostly packs as it did (work
         packed before a ratio last grew can still be cut differently and asked again)."""
-        self._keep_if(self.counter.observe(messages, reported, kind))
-
-    def _keep_if(self, grew: bool) -> None:
-        if grew and self.journal is not None and not self.counter.exact:
+        if self.counter.observe(messages, reported, kind) and self.journal is not None and not self.counter.exact:
             try:
                 self.journal.save_calibration(self.calibration_name, self.counter.calibration.snapshot())
             except Exception as exc:  # noqa: BLE001 - a journal that cannot keep it costs packing, never a call

@@ -113,7 +113,7 @@ class Packer:
 
 
 def frame_tokens(budget: Budget, purpose: Purpose, target_tokens: int, scale: float | None = None) -> int:
-    """Tokens of a request of `purpose` with no entries (system prompt, marker, template)."""
+    """Tokens of a request of `purpose` with no entries (system prompt and chat template)."""
     return budget.counter.request(messages_for(purpose, [], target_tokens), scale) + 1
 
 
