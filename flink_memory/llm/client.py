@@ -34,8 +34,9 @@ log = logging.getLogger(__name__)
 
 
 CALIBRATION_VERSION = "calibration-v2"
-# Plain prose of long words, no digits: the estimate counts it most tightly (digits and dates it overcounts
-# the most), so the ratio it gives is near the highest of any text and packing by it starts safe.
+# Plain prose of long words, no digits: the estimate counts it tightly (digits and dates it overcounts the
+# most), so the ratio it gives is above that of ordinary text and packing by it starts safe for such text
+# (a provider's length refusal re-packs what it still undercounts, such as runs of very long words).
 CALIBRATION_TEXT = (
     "Throughout the afternoon the engineering department reviewed the integration between the warehouse "
     "management system and the accounting platform, which stopped synchronizing invoices after yesterday's "
