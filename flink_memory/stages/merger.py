@@ -320,19 +320,25 @@ class MergerCore:
 
     # --- forgetting and bounded state ----------------------------------------------------------------
 
-    def written_ids(self, tree: SummaryTree) -> list[str]:
-        """Every node id of this agent written so far (ids are counted, never reused), as kept by retention."""
-        ids = [f"batch-{n:06d}" for n in tree.written_batches()]
+    def live_ids(self, tree: SummaryTree) -> list[str]:
+        """The id of every node of this agent that may still be live, as kept by retention: the latest revision
+        of each batch since the last forget and of each merge, and the latest global. An older revision or
+        global is already replaced by the node that followed it (liveness does not depend on order), so a
+        forget need not name it: its size follows the memory, not how often it was revised or refreshed."""
+        def latest(base: str) -> str:
+            return f"{base}-r{tree.revised[base]}" if base in tree.revised else base
+
+        ids = tree.live_batch_ids()
         for level, count in enumerate(tree.merges_per_level):
-            ids += [f"merge-L{level + 1}-{n:06d}" for n in range(1, count + 1)]
-        ids += [f"{base}-r{n}" for base, last in sorted(tree.revised.items()) for n in range(1, last + 1)]
-        ids += [f"global-v{n:06d}" for n in range(1, tree.global_version + 1)]
+            ids += [latest(f"merge-L{level + 1}-{n:06d}") for n in range(1, count + 1)]
+        if tree.global_version:
+            ids.append(f"global-v{tree.global_version:06d}")
         kinds = {"batch": "batch-", "merge": "merge-", "global": "global-"}
         return [i for i in ids if any(i.startswith(kinds[k]) for k in self.keep)]
 
     def _forget(self, state: StateTransaction, tree: SummaryTree, clock: Clock, effects: Effects) -> None:
         """An empty global replaces everything written before; only the id counters stay."""
-        replaces = self.written_ids(tree)
+        replaces = self.live_ids(tree)
         for name in (NODES, MERGES):
             state.clear_map(name)
         state.set(GLOBAL, None)
