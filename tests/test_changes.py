@@ -342,24 +342,39 @@ def test_a_forget_names_the_live_nodes_not_every_revision_and_global_ever_writte
     assert [n["node_id"] for n in live(pipeline.summaries) if n["agent_id"] == "a"] == [current["node_id"]]
 
 
-def test_forgetting_an_agent_restored_from_release_0_1_0_replaces_every_batch_it_wrote():
+@pytest.mark.parametrize("then", ["forget", "new input"])
+def test_an_agent_restored_from_release_0_1_0_leaves_none_of_its_old_nodes_live(then):
     """Release 0.1.0 kept only the frontier (batch 5 above a merge of batches 1-4): batches missing from its
-    tree were written and merged, not skipped, so a forget must still replace them."""
+    tree were written and merged, not skipped, so a forget must still replace them. Its globals named no
+    predecessor (it had no `replaces`): a forget, or the next global, replaces all of them."""
     from flink_memory.state import encode_state
 
     pipeline = run("batching.max_items=1")
 
-    def node(node_id, kind, level, items):
+    def node(node_id, kind, level, items, version=None):
         return {"agent_id": "a", "node_id": node_id, "kind": kind, "level": level, "children": [],
-                "text": f"Summary {node_id}", "item_count": items, "model": "m"}
+                "text": f"Summary {node_id}", "item_count": items, "model": "m", "version": version}
 
+    old_globals = [node(f"global-v{v:06d}", "global", 3, 5, v) for v in (1, 2, 3)]  # in its changelog
     merger = pipeline.stages[2].state
     merger.values[("a", "tree")] = encode_state({"levels": [
         [{"node": node("batch-000005", "batch", 1, 1), "job": None}],
         [{"node": node("merge-L2-000002", "merge", 2, 4), "job": None}]],
-        "merges_per_level": [0, 2], "global_version": 1, "global_children": []})
+        "merges_per_level": [0, 2], "global_version": 3, "global_children": []})
     merger.values[("a", "jobs")] = encode_state({"merges": [], "global": None, "last_global_ms": 0})
     pipeline.stages[1].state.values[("a", "pending")] = encode_state({"next_seq": 6, "batches": []})
+    pipeline.feed({"agent_id": "a", "forget": True} if then == "forget" else item("a", 9)).end()
+    current = pipeline.current("a")
+    live_globals = [n["node_id"] for n in live(old_globals + pipeline.summaries) if n["kind"] == "global"]
+    assert live_globals == [current["node_id"]] == ["global-v000004"]
+    if then == "forget":
+        assert all(f"batch-{n:06d}" in current["replaces"] for n in range(1, 6))
+
+
+def test_a_second_forget_names_only_what_came_after_the_first():
+    pipeline = run().feed(*[item("a", i) for i in range(9)]).end()
     pipeline.feed({"agent_id": "a", "forget": True}).end()
-    replaced = pipeline.nodes("global")[-1]["replaces"]
-    assert all(f"batch-{n:06d}" in replaced for n in range(1, 6))
+    pipeline.feed(*[item("a", i, fact=f"New fact {i}") for i in range(9)]).end()
+    before = {n["node_id"] for n in live(pipeline.summaries) if n["agent_id"] == "a"}
+    pipeline.feed({"agent_id": "a", "forget": True}).end()
+    assert set(pipeline.current("a")["replaces"]) == before

@@ -286,9 +286,9 @@ class MergerCore:
     def _start_global(self, state: StateTransaction, tree: SummaryTree) -> ParentJob:
         frontier = [state.entry(NODES, node_id).node for node_id in tree.frontier()]
         node_id, version = tree.next_global_id()
-        replaces = [f"global-v{tree.global_version:06d}"] if tree.global_version else []
         return ParentJob(node_id=node_id, version=version, children=[ChildRef.of(n) for n in frontier],
-                         replaces=replaces, job=ReduceJob(purpose="global", entries=[merge_entry(n) for n in frontier]))
+                         replaces=tree.replaced_globals(),
+                         job=ReduceJob(purpose="global", entries=[merge_entry(n) for n in frontier]))
 
     def _run_global(self, state: StateTransaction, tree: SummaryTree, clock: Clock, pending: ParentJob,
                     finished: Finished, now_ms: int, effects: Effects) -> None:
@@ -322,17 +322,10 @@ class MergerCore:
 
     def live_ids(self, tree: SummaryTree) -> list[str]:
         """The id of every node of this agent that may still be live, as kept by retention: the latest revision
-        of each batch since the last forget and of each merge, and the latest global. An older revision or
-        global is already replaced by the node that followed it (liveness does not depend on order), so a
-        forget need not name it: its size follows the memory, not how often it was revised or refreshed."""
-        def latest(base: str) -> str:
-            return f"{base}-r{tree.revised[base]}" if base in tree.revised else base
-
-        ids = tree.live_batch_ids()
-        for level, count in enumerate(tree.merges_per_level):
-            ids += [latest(f"merge-L{level + 1}-{n:06d}") for n in range(1, count + 1)]
-        if tree.global_version:
-            ids.append(f"global-v{tree.global_version:06d}")
+        of each batch and merge since the last forget, and the latest global. An older revision or global is
+        already replaced by the node that followed it (liveness does not depend on order), so a forget need
+        not name it: its size follows the memory, not how often it was revised or refreshed."""
+        ids = [*tree.live_batch_ids(), *tree.live_merge_ids(), *tree.replaced_globals()]
         kinds = {"batch": "batch-", "merge": "merge-", "global": "global-"}
         return [i for i in ids if any(i.startswith(kinds[k]) for k in self.keep)]
 
@@ -342,7 +335,7 @@ class MergerCore:
         for name in (NODES, MERGES):
             state.clear_map(name)
         state.set(GLOBAL, None)
-        tree.levels, tree.global_children, tree.first_batch = [], [], tree.last_batch + 1
+        tree.forget()
         node_id, version = tree.next_global_id()
         tree.global_done([], version)
         node = SummaryNode(agent_id=state.key, node_id=node_id, kind="global", level=1, children=[], text="",
@@ -412,7 +405,7 @@ class MergerCore:
                 tree.levels.append(slots)
             tree.unwritten = []  # (release 0.1.0 dropped merged batches from its tree: they were all written)
             tree.merges_per_level = list(data.get("merges_per_level", []))
-            tree.global_version = int(data.get("global_version", 0))
+            tree.global_version = tree.legacy_globals = int(data.get("global_version", 0))
             tree.global_children = list(data.get("global_children", []))
             state.clear_legacy(LEGACY_TREE)
         old_jobs = state.legacy(LEGACY_JOBS)
@@ -420,8 +413,10 @@ class MergerCore:
             data = decode_state(old_jobs, None) or {}
             for merge in data.get("merges", []):
                 state.put(MERGES, merge["node_id"], _legacy_job(merge))
-            if data.get("global"):
-                state.set(GLOBAL, _legacy_job(data["global"]))
+            if data.get("global"):  # (it replaces every global before it, which release 0.1.0 did not say)
+                job = _legacy_job(data["global"])
+                state.set(GLOBAL, job.model_copy(update={"replaces": [
+                    f"global-v{n:06d}" for n in range(1, job.version or 0)]}))
             clock.last_global_ms = data.get("last_global_ms") or None
             clock.first_node_ms = clock.last_global_ms
             state.clear_legacy(LEGACY_JOBS)

@@ -78,19 +78,40 @@ class SummaryTree(StateModel):
     # batch numbers never written, as [first, last] runs: batches leave the batcher in order, so one that is
     # skipped (all its units retracted before its summary, or dropped by a forget) never comes
     unwritten: list[list[int]] = Field(default_factory=list)
+    merges_before_forget: list[int] = Field(default_factory=list)  # per level: merge ids of a forgotten memory
+    # globals written by release 0.1.0, whose nodes name no predecessor: the next global (or a forget) replaces
+    # all of them
+    legacy_globals: int = 0
 
     def written_batches(self, first: int = 1) -> list[int]:
         """Numbers of the batches written from `first` on, oldest first."""
         skipped = {seq for start, end in self.unwritten for seq in range(max(start, first), end + 1)}
         return [seq for seq in range(first, self.last_batch + 1) if seq not in skipped]
 
+    def _latest(self, base: str) -> str:
+        return f"{base}-r{self.revised[base]}" if base in self.revised else base
+
     def live_batch_ids(self) -> list[str]:
         """The live id of every batch of the current memory (the latest revision of each), oldest first."""
-        ids = []
-        for seq in self.written_batches(self.first_batch):
-            base = f"batch-{seq:06d}"
-            ids.append(f"{base}-r{self.revised[base]}" if base in self.revised else base)
-        return ids
+        return [self._latest(f"batch-{seq:06d}") for seq in self.written_batches(self.first_batch)]
+
+    def live_merge_ids(self) -> list[str]:
+        """The latest revision of every merge of the current memory (some may be running, not yet written)."""
+        before = self.merges_before_forget
+        return [self._latest(f"merge-L{level + 1}-{n:06d}") for level, count in enumerate(self.merges_per_level)
+                for n in range((before[level] if level < len(before) else 0) + 1, count + 1)]
+
+    def replaced_globals(self) -> list[str]:
+        """The globals the next global replaces: the latest one (each names the one before it), or every
+        global of release 0.1.0, whose nodes named none."""
+        first = 1 if self.legacy_globals else self.global_version
+        return [f"global-v{n:06d}" for n in range(max(first, 1), self.global_version + 1)]
+
+    def forget(self) -> None:
+        """The memory is dropped (an empty global replaces it): only the id counters stay."""
+        self.levels, self.global_children, self.first_batch = [], [], self.last_batch + 1
+        self.merges_before_forget = list(self.merges_per_level)
+        self.revised, self.unwritten, self.legacy_globals = {}, [], 0
 
     def note_id(self, node_id: str) -> None:
         base, number = revision_of(node_id)
@@ -181,3 +202,4 @@ class SummaryTree(StateModel):
     def global_done(self, children: list[str], version: int) -> None:
         self.global_children = children
         self.global_version = version
+        self.legacy_globals = 0
