@@ -3,10 +3,11 @@
 Batches close by count or tokens. On an unbounded input a partial batch also closes `batching.flush_after_s`
 after its first unit; on a bounded one it closes when the input ends, never because the job is slow.
 
-Changes: a retracted unit leaves the buffer, or the pending batch it is in (its summary job is rebuilt), or,
-when its batch was already emitted, that batch is summarized again from its remaining units and the new
-node replaces the old one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an empty node
-does). Emitted batches keep their units for `memory.editable_for` after their newest unit, then only the
+Changes: a retracted unit leaves the buffer; or the pending batch it is in, whose summary job is rebuilt and
+which then leaves as the revision it would have become had it left first (`batch-000007-r1`); or, when its
+batch was already emitted, that batch is summarized again from its remaining units and the new node replaces
+the old one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an empty node does). A batch's
+revision counts the changes that reached it, so node ids never depend on when calls end. Emitted batches keep their units for `memory.editable_for` after their newest unit, then only the
 summary stays.
 """
 
@@ -44,6 +45,10 @@ class PendingBatch(StateModel):
     job: ReduceJob
     text: str | None = None  # set once summarized; the node leaves when the batches before it have
     newest_ms: int | None = None  # when its newest unit arrived (None: look it up in HOMES)
+    # changes it took before its node left: it leaves as that revision, as if it had left first and been
+    # summarized again for each (node ids then depend on the input's order only, never on when calls end,
+    # so a replay after a failure writes the ids the first attempt wrote)
+    revision: int = 0
 
 
 class DoneBatch(StateModel):
@@ -55,6 +60,7 @@ class DoneBatch(StateModel):
     revision: int = 0
     newest_ms: int  # when its newest unit arrived: it is sealed memory.editable_for after
     job: ReduceJob | None = None  # a revision being made
+    target: int = 0  # the revision it is being made into: one more for every change that reached it
 
 
 class UnitHome(StateModel):
@@ -234,14 +240,19 @@ class BatcherCore:
                 continue
             if batch.text is None:
                 break
-            effects.out.append(self._node(state.key, batch.seq, 0, batch.units, batch.text, batch.job).model_dump_json())
+            # (a replay may have left any earlier revision in a store written ahead of the changelog)
+            replaces = [batch_id(batch.seq, r) for r in range(batch.revision)]
+            node = self._node(state.key, batch.seq, batch.revision, batch.units, batch.text,
+                              batch.job if batch.units else None, replaces)
+            effects.out.append(node.model_dump_json())
             effects.counts["batches"] += 1
             state.put(BATCHES, _key(batch.seq), None)
-            newest = batch.newest_ms
-            if newest is None:
-                newest = max((state.entry(HOMES, u.unit_id) or UnitHome()).arrived_ms for u in batch.units)
-            state.put(DONE, _key(batch.seq), DoneBatch(seq=batch.seq, units=batch.units, live=batch_id(batch.seq),
-                                                       newest_ms=newest or now_ms))
+            if batch.units:
+                newest = batch.newest_ms
+                if newest is None:
+                    newest = max((state.entry(HOMES, u.unit_id) or UnitHome()).arrived_ms for u in batch.units)
+                state.put(DONE, _key(batch.seq), DoneBatch(seq=batch.seq, units=batch.units, live=node.node_id,
+                                                           revision=batch.revision, newest_ms=newest or now_ms))
             if meta.next_sweep_ms is None:
                 meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             meta.next_emit += 1
@@ -282,18 +293,20 @@ class BatcherCore:
                     state.put(name, _key(home.batch), batch)
                     touched.add(home.batch)
                     break
-        for seq in sorted(touched_pending):
+        for seq in sorted(touched_pending):  # (the call in flight for the old content is ignored)
             pending = state.entry(BATCHES, _key(seq))
-            if not pending.units:
-                state.put(BATCHES, _key(seq), None)
-                continue
-            # the call in flight for the old content is ignored
             rebuilt = self._pending(seq, pending.units, pending.job.scale)
+            rebuilt.revision = pending.revision + 1
+            if not pending.units:  # it leaves as an empty node, as an emitted batch with no unit left does
+                rebuilt.text = ""
+                state.put(BATCHES, _key(seq), rebuilt)
+                continue
             state.put(BATCHES, _key(seq), rebuilt)
             self._drive(state, rebuilt, finished, now_ms, effects)
         for seq in sorted(touched_done):
             done = state.entry(DONE, _key(seq))
             done.job = self._job(done.units) if done.units else None
+            done.target = max(done.target, done.revision) + 1  # (one change: one retraction message)
             if seq not in meta.revising:
                 meta.revising.append(seq)
                 effects.out.append(Revising(node_ids=[done.live]).model_dump_json())
@@ -311,14 +324,16 @@ class BatcherCore:
                 state.put(DONE, _key(done.seq), done)
                 return
             text = progress.value
-        revision = done.revision + 1
-        node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=[done.live])
+        revision = max(done.target, done.revision + 1)
+        # it replaces the live node and any revision between (which the first attempt of a replay may have written)
+        replaces = [done.live, *(batch_id(done.seq, r) for r in range(done.revision + 1, revision))]
+        node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
         effects.out.append(node.model_dump_json())
         effects.counts["batches_revised"] += 1
         meta.revising.remove(done.seq)
         if done.units:
             state.put(DONE, _key(done.seq), done.model_copy(update={"live": node.node_id, "revision": revision,
-                                                                     "job": None}))
+                                                                     "job": None, "target": 0}))
         else:
             state.put(DONE, _key(done.seq), None)
 

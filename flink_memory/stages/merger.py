@@ -151,8 +151,10 @@ class MergerCore:
         if node.kind != "batch":
             below = [stored.newest_ms for c in node.children if (stored := state.entry(NODES, c)) is not None]
             newest = max(below, default=now_ms)
-        if node.replaces:
-            for old_id in node.replaces:
+        if node.replaces:  # (a batch names every revision a replay's first attempt may have written: the
+            # ones this tree holds are swapped, or, with none, it is placed once)
+            known = [old_id for old_id in node.replaces if state.entry(NODES, old_id) is not None]
+            for old_id in known or node.replaces[:1]:
                 self._supersede(state, tree, old_id, node, newest, now_ms, finished, effects)
             return
         self._place(state, tree, node, newest, now_ms, finished, effects)
@@ -202,9 +204,10 @@ class MergerCore:
                    now_ms: int, finished: Finished, effects: Effects) -> None:
         """`new` replaces `old_id` where it stands: in the frontier, or under a merge that is made again."""
         old = state.entry(NODES, old_id)
-        if old is None:  # sealed long ago (or never seen): nothing in state to recompute, keep the new one
-            effects.counts["replacements_unplaced"] += 1
-            self._place(state, tree, new, newest, now_ms, finished, effects)
+        if old is None:  # never written (a batch that took changes before it left) or sealed long ago:
+            effects.counts["replacements_unplaced"] += 1  # nothing in state to recompute, keep the new one
+            if new.item_count:
+                self._place(state, tree, new, newest, now_ms, finished, effects)
             return
         state.put(NODES, old_id, None)
         if old.parent is None:  # a frontier node: swap it in place (an empty one leaves the frontier)

@@ -119,7 +119,7 @@ class SummaryTree(StateModel):
             self.revised[base] = max(number, self.revised.get(base, 0))
         if base.startswith("batch-"):
             seq = int(base.split("-")[1])
-            if not number and seq > self.last_batch + 1:
+            if seq > self.last_batch + 1:  # (a batch that took changes before it left arrives as a revision)
                 self.unwritten.append([self.last_batch + 1, seq - 1])
             self.last_batch = max(self.last_batch, seq)
 
