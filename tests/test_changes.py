@@ -1,6 +1,7 @@
 """Memory that changes, on the stage cores: updates, re-deliveries, deletions, forgetting, sealing, and what
 a change costs. The summarizer keeps every line it is given, so a node's text shows which facts it holds."""
 
+import json
 import math
 from collections import Counter
 
@@ -327,6 +328,69 @@ def test_a_change_gives_the_same_nodes_whether_it_reaches_a_batch_before_or_afte
     assert live_nodes(early) == live_nodes(late)
     written_late = {n["node_id"]: n["text"] for n in late.summaries if n["kind"] == "batch"}
     assert all(written_late.get(n["node_id"]) == n["text"] for n in early.summaries if n["kind"] == "batch")
+
+
+def _a_bug_of_ours(request):
+    raise ValueError("a bug of ours")
+
+
+def test_an_evicted_revision_counts_the_changes_that_reached_it():
+    pipeline = run().feed(*[item("a", i) for i in range(6)]).end()
+    pipeline.answer = _a_bug_of_ours
+    pipeline.feed(*[{"agent_id": "a", "id": f"m{i}", "deleted": True} for i in range(2)])  # during its revision
+    with pytest.raises(ValueError):
+        pipeline.end()
+    batcher = pipeline.stages[1]
+    effects = batcher.run("a", lambda st: batcher.core.evict(st, "internal error"))
+    [node] = [json.loads(out) for out in effects.out]
+    assert node["node_id"] == "batch-000001-r2" and set(node["replaces"]) == {"batch-000001", "batch-000001-r1"}
+
+
+def test_a_store_ahead_of_a_replay_that_evicts_keeps_no_retracted_text():
+    """The first attempt writes r1 and r2, then a bug; the replay takes all three changes during one call
+    and is evicted (the bug came again): its empty node must replace what the first attempt wrote."""
+    def deleted(i):
+        return {"agent_id": "a", "id": f"m{i}", "deleted": True}
+
+    first = run("batching.max_items=4").feed(*[item("a", i) for i in range(8)]).end()
+    first.feed(deleted(0)).settle().feed(deleted(1)).settle()
+    first.answer = _a_bug_of_ours
+    first.feed(deleted(2))
+    with pytest.raises(ValueError):
+        first.end()
+    replay = run("batching.max_items=4").feed(*[item("a", i) for i in range(8)]).end()
+    replay.answer = _a_bug_of_ours
+    replay.feed(deleted(0), deleted(1), deleted(2))
+    with pytest.raises(ValueError):
+        replay.end()
+    replay._activate(1, "a", lambda st: replay.stages[1].core.evict(st, "internal error"))
+    replay.answer = keeping_answer
+    replay.end()
+    store = {n["node_id"]: n for n in first.summaries} | {n["node_id"]: n for n in replay.summaries}
+    texts = [n["text"] for n in live(list(store.values())) if n["kind"] == "batch"]
+    assert not any(f"Person{i} " in t for t in texts for i in range(4)), texts
+
+
+def test_a_revision_running_in_state_of_the_previous_release_counts_as_a_change():
+    from flink_memory.stages.batcher import DONE, _key
+    from flink_memory.stages.calls import Effects
+
+    pipeline = run().feed(*[item("a", i) for i in range(6)]).end()
+    pipeline.answer = lambda request: (_ for _ in ()).throw(LLMCallError("down"))
+    pipeline.feed({"agent_id": "a", "id": "m0", "deleted": True})
+    batcher = pipeline.stages[1]
+
+    def as_restored(state):  # release 0.2.0 kept no target
+        done = state.entry(DONE, _key(1))
+        assert done.target == 1 and done.job is not None
+        state.put(DONE, _key(1), done.model_copy(update={"target": 0}))
+        return Effects()
+
+    batcher.run("a", as_restored)
+    pipeline.answer = keeping_answer
+    pipeline.feed({"agent_id": "a", "id": "m1", "deleted": True}).end()
+    assert [n["node_id"] for n in pipeline.nodes("batch") if n["node_id"].startswith("batch-000001-")] == [
+        "batch-000001-r2"]
 
 
 def test_a_global_of_batch_and_global_names_only_batches_that_were_written():

@@ -84,6 +84,13 @@ def batch_id(seq: int, revision: int = 0) -> str:
     return f"batch-{seq:06d}" + (f"-r{revision}" if revision else "")
 
 
+def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
+    """The revision an emitted batch is made into, and what it replaces: the live node and every revision
+    between (which the first attempt of a replay may have written)."""
+    revision = max(done.target, done.revision + 1)
+    return revision, [done.live, *(batch_id(done.seq, r) for r in range(done.revision + 1, revision))]
+
+
 class BatcherCore:
     schema = StateSchema(values={BUFFER: BatchBuffer, META: BatcherMeta},
                          maps={UNITS: StoredUnit, BATCHES: PendingBatch, HOMES: UnitHome, DONE: DoneBatch},
@@ -159,19 +166,20 @@ class BatcherCore:
             for unit in done.units:
                 effects.dead_letters.append(_dead_unit(unit, reason))
                 state.put(HOMES, unit.unit_id, None)
-            effects.out.append(self._node(state.key, seq, done.revision + 1, [], "", None,
-                                          replaces=[done.live]).model_dump_json())
+            revision, replaces = _next_revision(done)
+            effects.out.append(self._node(state.key, seq, revision, [], "", None, replaces).model_dump_json())
             state.put(DONE, _key(seq), None)
         for key, stored in state.items(UNITS):
             effects.dead_letters.append(_dead_unit(stored.unit, reason))
             state.put(UNITS, key, None)
             state.put(HOMES, stored.unit.unit_id, None)
         for key, batch in state.items(BATCHES):
-            if batch.text is None:
+            if batch.text is None:  # it leaves as an empty node, replacing whatever a first attempt wrote
                 for unit in batch.units:
                     effects.dead_letters.append(_dead_unit(unit, reason))
                     state.put(HOMES, unit.unit_id, None)
-                state.put(BATCHES, key, None)
+                state.put(BATCHES, key, batch.model_copy(update={"units": [], "text": "",
+                                                                 "revision": batch.revision + 1}))
         buffer.take()
         self._emit(state, meta, effects)
         return self._finish(state, buffer, meta, effects, 0)
@@ -245,7 +253,7 @@ class BatcherCore:
             node = self._node(state.key, batch.seq, batch.revision, batch.units, batch.text,
                               batch.job if batch.units else None, replaces)
             effects.out.append(node.model_dump_json())
-            effects.counts["batches"] += 1
+            effects.counts["batches"] += 1 if batch.units else 0
             state.put(BATCHES, _key(batch.seq), None)
             if batch.units:
                 newest = batch.newest_ms
@@ -306,7 +314,9 @@ class BatcherCore:
         for seq in sorted(touched_done):
             done = state.entry(DONE, _key(seq))
             done.job = self._job(done.units) if done.units else None
-            done.target = max(done.target, done.revision) + 1  # (one change: one retraction message)
+            # one more for this change (one retraction message); a revision running in state from release
+            # 0.2.0 (no target kept) already stands for one
+            done.target = max(done.target, done.revision + (1 if seq in meta.revising else 0)) + 1
             if seq not in meta.revising:
                 meta.revising.append(seq)
                 effects.out.append(Revising(node_ids=[done.live]).model_dump_json())
@@ -324,9 +334,7 @@ class BatcherCore:
                 state.put(DONE, _key(done.seq), done)
                 return
             text = progress.value
-        revision = max(done.target, done.revision + 1)
-        # it replaces the live node and any revision between (which the first attempt of a replay may have written)
-        replaces = [done.live, *(batch_id(done.seq, r) for r in range(done.revision + 1, revision))]
+        revision, replaces = _next_revision(done)
         node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
         effects.out.append(node.model_dump_json())
         effects.counts["batches_revised"] += 1

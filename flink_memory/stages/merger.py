@@ -146,6 +146,8 @@ class MergerCore:
     def _arrive(self, state: StateTransaction, tree: SummaryTree, node: SummaryNode, now_ms: int,
                 finished: Finished, effects: Effects) -> None:
         """A finished node: it replaces the nodes it names, or joins the frontier as a new one."""
+        base, _ = revision_of(node.node_id)  # (a batch that took changes before it left first arrives as a revision)
+        first_arrival = node.kind == "batch" and int(base.split("-")[1]) > tree.last_batch
         tree.note_id(node.node_id)
         newest = now_ms  # a batch node's children are units, never stored here
         if node.kind != "batch":
@@ -154,6 +156,10 @@ class MergerCore:
         if node.replaces:  # (a batch names every revision a replay's first attempt may have written: the
             # ones this tree holds are swapped, or, with none, it is placed once)
             known = [old_id for old_id in node.replaces if state.entry(NODES, old_id) is not None]
+            if not known and first_arrival:
+                if node.item_count:
+                    self._place(state, tree, node, newest, now_ms, finished, effects)
+                return
             for old_id in known or node.replaces[:1]:
                 self._supersede(state, tree, old_id, node, newest, now_ms, finished, effects)
             return
