@@ -7,8 +7,8 @@ Changes: a retracted unit leaves the buffer; or the pending batch it is in, whos
 which then leaves as the revision it would have become had it left first (`batch-000007-r1`); or, when its
 batch was already emitted, that batch is summarized again from its remaining units and the new node replaces
 the old one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an empty node does). A batch's
-revision counts the changes that reached it, so node ids never depend on when calls end. Emitted batches keep their units for `memory.editable_for` after their newest unit, then only the
-summary stays.
+revision counts the changes that reached it, so batch ids never depend on when calls end. Emitted batches
+keep their units for `memory.editable_for` after their newest unit, then only the summary stays.
 """
 
 from __future__ import annotations
