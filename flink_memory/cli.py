@@ -313,11 +313,13 @@ def read_memory(args: argparse.Namespace) -> int:
         if args.agent not in store.agents():
             return _fail(NO_MEMORY, f"agent {args.agent!r} has no memory in {store.location}")
         current = store.current(args.agent)
-        forgotten = current is not None and current.item_count == 0
+        forgotten = None
+        if current is not None and current.item_count == 0:
+            forgotten = f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)"
         if args.command == "recall":  # (after a forget, new input may be in batch nodes before the next global)
             hits = store.recall(args.agent, args.query, k=args.k)
             if not hits and forgotten:
-                return _fail(NO_MEMORY, f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)")
+                return _fail(NO_MEMORY, forgotten)
             if not hits:
                 return _fail(NO_MATCH, f"nothing in the memory of {args.agent!r} matches {args.query!r}")
             print("\n".join(h.model_dump_json() for h in hits) if args.json else "\n".join(recall_table(hits)))
@@ -326,7 +328,7 @@ def read_memory(args: argparse.Namespace) -> int:
             return _fail(NO_MEMORY, f"agent {args.agent!r} has no global summary yet "
                                     f"({len(store.nodes(args.agent))} live nodes; try recall)")
         if forgotten:
-            return _fail(NO_MEMORY, f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)")
+            return _fail(NO_MEMORY, forgotten)
         tree = walk_tree(current, lambda n: store.children(args.agent, n.node_id)) if args.tree else [(0, current, 0)]
         if args.json:
             print("\n".join(node.model_dump_json() for _, node, _ in tree))

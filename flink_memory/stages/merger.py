@@ -146,9 +146,7 @@ class MergerCore:
     def _arrive(self, state: StateTransaction, tree: SummaryTree, node: SummaryNode, now_ms: int,
                 finished: Finished, effects: Effects) -> None:
         """A finished node: it replaces the nodes it names, or joins the frontier as a new one."""
-        base, _ = revision_of(node.node_id)  # (a batch that took changes before it left first arrives as a revision)
-        first_arrival = node.kind == "batch" and int(base.split("-")[1]) > tree.last_batch
-        tree.note_id(node.node_id)
+        first_arrival = tree.note_id(node.node_id)
         newest = now_ms  # a batch node's children are units, never stored here
         if node.kind != "batch":
             below = [stored.newest_ms for c in node.children if (stored := state.entry(NODES, c)) is not None]

@@ -81,9 +81,9 @@ class ReduceJob(StateModel):
         if self.scale is None:
             self.scale = budget.counter.scale_for(self.purpose)
         room = entry_limit(budget, self.purpose, self.scale)
+        alone = Packer(budget.counter, self.scale)  # (empty: each entry is costed with its date line)
         expanded: list[dict[str, Any]] = []
         for entry in self.entries:
-            alone = Packer(budget.counter, self.scale)
             fits = alone.cost(entry) <= room
             expanded.extend([entry] if fits else _split_entry(entry, room, alone))
         whole = Packer(budget.counter, self.scale)

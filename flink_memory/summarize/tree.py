@@ -113,15 +113,21 @@ class SummaryTree(StateModel):
         self.merges_before_forget = list(self.merges_per_level)
         self.revised, self.unwritten, self.legacy_globals = {}, [], 0
 
-    def note_id(self, node_id: str) -> None:
+    def note_id(self, node_id: str) -> bool:
+        """Record a written id; True for a batch not seen before (it may arrive as a revision: a batch that
+        took changes before it left)."""
         base, number = revision_of(node_id)
         if number:
             self.revised[base] = max(number, self.revised.get(base, 0))
-        if base.startswith("batch-"):
-            seq = int(base.split("-")[1])
-            if seq > self.last_batch + 1:  # (a batch that took changes before it left arrives as a revision)
-                self.unwritten.append([self.last_batch + 1, seq - 1])
-            self.last_batch = max(self.last_batch, seq)
+        if not base.startswith("batch-"):
+            return False
+        seq = int(base.split("-")[1])
+        if seq <= self.last_batch:
+            return False
+        if seq > self.last_batch + 1:
+            self.unwritten.append([self.last_batch + 1, seq - 1])
+        self.last_batch = seq
+        return True
 
     # --- growth --------------------------------------------------------------------------------------
 
