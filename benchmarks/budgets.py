@@ -27,10 +27,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 from jobkit import batch_units, execute, write_lines  # noqa: E402
 from scripted_server import ScriptedServer, chars_per_token, prompt_count  # noqa: E402
 
-from flink_memory.cli import read_outputs  # noqa: E402
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
 from flink_memory.llm.runtime import read_stats  # noqa: E402
+from flink_memory.outputs import read_outputs  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
 from flink_memory.summarize.prompts import messages_for, request_purpose  # noqa: E402
 

@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobkit import batch_units, config_for, execute, write_lines  # noqa: E402
 from strategies import add_job_arguments, fact_name, provider, settings  # noqa: E402
 
-from flink_memory.cli import read_outputs  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
+from flink_memory.outputs import read_outputs  # noqa: E402
 from flink_memory.store import open_store  # noqa: E402
 
 THINGS = ["boat", "car", "piano", "tractor", "laptop", "bicycle", "camera", "sofa"]

@@ -38,11 +38,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 from jobkit import execute, write_lines  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
-from flink_memory.cli import latest_globals, read_outputs  # noqa: E402
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
 from flink_memory.llm.client import LLMCallError, LLMClient, RequestFactory  # noqa: E402
 from flink_memory.llm.runtime import read_stats  # noqa: E402
+from flink_memory.outputs import latest_globals, read_outputs  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
 from flink_memory.summarize.prompts import SUMMARY_PROMPT_VERSION, messages_for  # noqa: E402
 from flink_memory.tokens import RequestTooLarge, estimate_messages, estimate_tokens  # noqa: E402

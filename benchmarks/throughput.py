@@ -31,8 +31,8 @@ sys.path.insert(0, str(ROOT / "tests"))
 from jobkit import batch_units, config_for, items, write_lines  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
-from flink_memory.cli import read_outputs  # noqa: E402
 from flink_memory.flink.pipeline import build_job, create_environment, file_sink, file_source  # noqa: E402
+from flink_memory.outputs import read_outputs  # noqa: E402
 from flink_memory.summarize.prompts import request_purpose  # noqa: E402
 
 

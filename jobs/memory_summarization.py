@@ -7,7 +7,7 @@ llm.base_url (for example a `flink-memory serve-llm` service or any OpenAI-compa
 import argparse
 import sys
 
-from flink_memory.cli import add_job_arguments, job_config
+from flink_memory.cli.args import add_job_arguments, job_config
 from flink_memory.config import ConfigError
 from flink_memory.flink.pipeline import build_job
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from scripted_server import Reply, default_script
 
-from flink_memory.cli import latest_globals, read_outputs
 from flink_memory.config import load_config
 from flink_memory.flink.pipeline import build_job
+from flink_memory.outputs import latest_globals, read_outputs
 
 # The environment before any local job ran: PyFlink's loopback workers mark the test process as a Python
 # worker (PYFLINK_GATEWAY_DISABLED, ...), which would stop a child process from starting its own gateway.

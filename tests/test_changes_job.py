@@ -11,7 +11,7 @@ import pytest
 from jobkit import cli_command, kill_group, latest_checkpoint, run, spawn, wait_for, write_lines
 from scripted_server import ScriptedServer
 
-from flink_memory.cli import latest_globals, read_outputs
+from flink_memory.outputs import latest_globals, read_outputs
 
 pytestmark = pytest.mark.slow
 

@@ -176,7 +176,7 @@ def tamper_first_boundary(checkpoint, source_id):
 
 
 def _both_retries(output):
-    from flink_memory.cli import read_outputs
+    from flink_memory.outputs import read_outputs
 
     out = read_outputs(str(output))
     seen = {m["source_id"] for m in out["manifests"]} | {d["record_id"] for d in out["dead-letters"]}

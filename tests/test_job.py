@@ -8,7 +8,7 @@ import pytest
 from jobkit import batch_units, check_tree, expected_units, items, run, wait_for
 from scripted_server import Reply, ScriptedServer, default_script
 
-from flink_memory.cli import latest_globals
+from flink_memory.outputs import latest_globals
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.tokens import estimate_messages
 
@@ -119,8 +119,8 @@ def test_follow_a_directory_flushes_partial_batches_by_timeout(tmp_path):
     """Unbounded input: new files are picked up, partial batches close after flush_after_s, globals refresh."""
     from jobkit import config_for, write_lines
 
-    from flink_memory.cli import read_outputs
     from flink_memory.flink.pipeline import build_job
+    from flink_memory.outputs import read_outputs
 
     inbox, output = tmp_path / "inbox", tmp_path / "out"
     inbox.mkdir()

@@ -29,7 +29,7 @@ from jobkit import (
 )
 from scripted_server import ScriptedServer
 
-from flink_memory.cli import latest_globals, read_outputs
+from flink_memory.outputs import latest_globals, read_outputs
 
 pytestmark = pytest.mark.slow
 

@@ -16,7 +16,7 @@ from cluster import ROOT, StandaloneCluster
 from jobkit import covered, expected_units, items, wait_for, write_lines
 from scripted_server import ScriptedServer
 
-from flink_memory.cli import read_outputs
+from flink_memory.outputs import read_outputs
 
 pytestmark = pytest.mark.slow
 

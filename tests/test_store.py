@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from pgserver import new_database
 
+from flink_memory.cli.display import tree_lines
 from flink_memory.records import SummaryNode
 from flink_memory.store import StoreError, StoreNotFound, live_view, open_store
 from flink_memory.store.core import (
@@ -18,7 +19,6 @@ from flink_memory.store.core import (
     fts5_query,
     query_terms,
     specificity_steps,
-    tree_lines,
     tsquery_term,
     walk_tree,
 )
@@ -367,7 +367,7 @@ def test_the_sample_agent_prompt_holds_the_gist_and_the_detail(tmp_path):
 
 
 def test_the_run_report_counts_live_units_once(tmp_path):
-    from flink_memory.cli import report
+    from flink_memory.cli.report import report
 
     (tmp_path / "summaries").mkdir()
     lines = [n.model_dump_json() for n in changing_changelog()]

@@ -34,9 +34,10 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from flink_memory.chunking.core import group_exchanges  # noqa: E402
 from flink_memory.chunking.planner import chunking_fingerprint, chunking_policy  # noqa: E402
-from flink_memory.cli import latest_globals, read_outputs, start_local_model  # noqa: E402
 from flink_memory.config import Config, load_config  # noqa: E402
 from flink_memory.digests import canonical_json, digest  # noqa: E402
+from flink_memory.llm.embedded import start_local_model  # noqa: E402
+from flink_memory.outputs import latest_globals, read_outputs  # noqa: E402
 from flink_memory.summarize.prompts import summarization_fingerprint, summarization_policy  # noqa: E402
 from flink_memory.tokens import estimate_tokens  # noqa: E402
 

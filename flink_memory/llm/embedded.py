@@ -1,4 +1,5 @@
-"""The bundled SmolLM2 model behind xllamacpp's OpenAI-compatible server, on 127.0.0.1 only."""
+"""The bundled SmolLM2 model behind xllamacpp's OpenAI-compatible server: one per worker process, or one that
+a local run starts for all its workers (`start_local_model`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,10 @@ import logging
 import os
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from flink_memory.config import Config
 
 log = logging.getLogger(__name__)
 
@@ -92,3 +96,13 @@ def shared_server(model_path: str | None, context_window: int, threads: int, par
                 model_path, context_window=context_window, threads=threads, parallel=parallel
             )
         return _shared
+
+
+def start_local_model(config: Config) -> EmbeddedServer | None:
+    """For a local run with the embedded provider: one model server for every worker, set as the endpoint."""
+    if config.llm.provider != "embedded" or config.llm.base_url:
+        return None
+    server = EmbeddedServer(config.llm.embedded_model_path, context_window=config.llm.context_window,
+                            threads=config.llm.embedded_threads, parallel=config.llm.embedded_parallel)
+    config.llm.base_url = server.base_url
+    return server

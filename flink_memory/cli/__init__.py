@@ -1,0 +1,58 @@
+"""flink-memory: run the job locally, serve the embedded model, read an agent's memory (show, recall)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from flink_memory.cli.args import add_job_arguments, positive, show_config
+from flink_memory.cli.read import read_memory
+from flink_memory.cli.run import run_job, serve_llm
+from flink_memory.config import ConfigError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The `flink-memory` command line: parse it, run the command, return its exit code."""
+    logging.basicConfig(level=os.environ.get("FLINK_MEMORY_LOG", "WARNING"))
+    parser = argparse.ArgumentParser(prog="flink-memory", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    run = commands.add_parser("run", help="run the job on a local MiniCluster")
+    add_job_arguments(run)
+    run.set_defaults(handler=run_job)
+    serve = commands.add_parser("serve-llm", help="serve the embedded model over the OpenAI API (by default "
+                                "with the configuration's llm.context_window and llm.embedded_* settings)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 inside a container)")
+    serve.add_argument("--port", type=int, default=8080, help="0 picks a free port")
+    serve.add_argument("--model", help="a GGUF file (default: llm.embedded_model_path, else the bundled SmolLM2)")
+    serve.add_argument("--context-window", type=positive, help="default: llm.context_window")
+    serve.add_argument("--threads", type=positive, help="default: llm.embedded_threads")
+    serve.add_argument("--parallel", type=positive, help="default: llm.embedded_parallel")
+    serve.add_argument("--config")
+    serve.add_argument("--set", dest="overrides", action="append", default=[])
+    serve.set_defaults(handler=serve_llm)
+    show_memory = commands.add_parser("show", help="print an agent's current memory (its live global summary)")
+    show_memory.add_argument("agent")
+    show_memory.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
+    show_memory.add_argument("--json", action="store_true", help="the node as a summaries/ JSON line")
+    show_memory.add_argument("--tree", action="store_true", help="the live tree below it (with --json: one line each)")
+    show_memory.set_defaults(handler=read_memory)
+    recall = commands.add_parser("recall", help="the agent's live summary nodes that best match a question")
+    recall.add_argument("agent")
+    recall.add_argument("query", help="a question or keywords, in plain language")
+    recall.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
+    recall.add_argument("--k", type=positive, default=5, help="how many nodes (default 5)")
+    recall.add_argument("--json", action="store_true",
+                        help="JSON lines: node_id, kind, level, text, score, first_ts, last_ts")
+    recall.set_defaults(handler=read_memory)
+    show = commands.add_parser("config", help="print the effective configuration and its fingerprints")
+    show.add_argument("--config")
+    show.add_argument("--set", dest="overrides", action="append", default=[])
+    show.set_defaults(handler=show_config)
+    args = parser.parse_args(argv)
+    try:
+        return int(args.handler(args))
+    except ConfigError as exc:
+        print(f"flink-memory: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,56 @@
+"""`flink-memory show` and `flink-memory recall`: an agent's memory from the live-memory store, printed. A
+missing store or agent is a message and an exit code, not a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from flink_memory.cli.display import describe, recall_table, tree_lines
+from flink_memory.store import StoreError, open_store
+from flink_memory.store.core import walk_tree
+
+# Exit codes of `show` and `recall` (0: printed); 2 is argparse's for a wrong command line.
+NO_MATCH, STORE_UNAVAILABLE, NO_MEMORY = 1, 3, 4
+
+
+def _fail(code: int, message: str) -> int:
+    print(f"flink-memory: {message}", file=sys.stderr)
+    return code
+
+
+def read_memory(args: argparse.Namespace) -> int:
+    """`show` and `recall`: read the live-memory store; a missing store or agent is a message, not a traceback."""
+    try:
+        store = open_store(args.store)
+    except StoreError as exc:
+        return _fail(STORE_UNAVAILABLE, str(exc))
+    with store:
+        if args.agent not in store.agents():
+            return _fail(NO_MEMORY, f"agent {args.agent!r} has no memory in {store.location}")
+        current = store.current(args.agent)
+        forgotten = None
+        if current is not None and current.item_count == 0:
+            forgotten = f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)"
+        if args.command == "recall":  # (after a forget, new input may be in batch nodes before the next global)
+            hits = store.recall(args.agent, args.query, k=args.k)
+            if not hits and forgotten:
+                return _fail(NO_MEMORY, forgotten)
+            if not hits:
+                return _fail(NO_MATCH, f"nothing in the memory of {args.agent!r} matches {args.query!r}")
+            print("\n".join(h.model_dump_json() for h in hits) if args.json else "\n".join(recall_table(hits)))
+            return 0
+        if current is None:
+            return _fail(NO_MEMORY, f"agent {args.agent!r} has no global summary yet "
+                                    f"({len(store.nodes(args.agent))} live nodes; try recall)")
+        if forgotten:
+            return _fail(NO_MEMORY, forgotten)
+        tree = walk_tree(current, lambda n: store.children(args.agent, n.node_id)) if args.tree else [(0, current, 0)]
+        if args.json:
+            print("\n".join(node.model_dump_json() for _, node, _ in tree))
+        elif args.tree:
+            print("\n".join(tree_lines(tree)))
+        else:
+            print(f"{args.agent}: {describe(current)}")
+            print(current.text)
+    return 0

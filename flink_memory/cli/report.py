@@ -1,0 +1,43 @@
+"""The report `flink-memory run` prints when the job ends: what was summarized, the LLM calls and tokens it
+cost, where the output is, and the current memory of the first agent."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from flink_memory.cli.progress import KINDS
+from flink_memory.outputs import latest_globals, read_outputs
+from flink_memory.store.core import live_view
+
+
+def report(output_dir: str, wall_s: float) -> str:
+    """The report of a finished run over `output_dir`, which took `wall_s` seconds."""
+    from flink_memory.llm.runtime import read_stats
+
+    outputs = read_outputs(output_dir)
+    nodes = outputs["summaries"]
+    kinds = {k: sum(1 for n in nodes if n["kind"] == k) for k in ("batch", "merge", "global")}
+    live = live_view(nodes).values()  # a revised batch and the one it replaced hold the same units once
+    units = sum(n.item_count for n in live if n.kind == "batch")
+    stats = read_stats(output_dir)
+    globals_ = latest_globals(nodes)
+    by_kind = ", ".join(f"{k} {int(stats[f'calls_{k}'])}" for k in KINDS if stats.get(f"calls_{k}"))
+    lines = [
+        "flink-memory run finished",
+        f"  memory units summarized : {units} ({len(globals_)} agents)",
+        f"  summary nodes           : {kinds['batch']} batch, {kinds['merge']} merge, {kinds['global']} global",
+        f"  manifests / dead letters: {len(outputs['manifests'])} / {len(outputs['dead-letters'])}",
+        f"  LLM calls               : {int(stats.get('calls', 0))} ({by_kind or 'none'}; "
+        f"{int(stats.get('journal_hits', 0))} answered from the journal, {int(stats.get('failures', 0))} failed, "
+        f"{int(stats.get('retries', 0))} retried)",
+        f"  tokens                  : {int(stats.get('prompt_tokens', 0))} prompt, "
+        f"{int(stats.get('completion_tokens', 0))} completion",
+        f"  wall time               : {wall_s:.1f} s",
+        f"  output                  : {Path(output_dir).resolve()}/{{summaries,manifests,dead-letters}}",
+    ]
+    if globals_:
+        agent = sorted(globals_)[0]
+        node = globals_[agent]
+        lines.append(f"  global summary of {agent} (v{node['version']}, {node['item_count']} units):")
+        lines.append("    " + node["text"].strip().replace("\n", "\n    "))
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""`flink-memory run` (the job on a local MiniCluster, with its progress line and report) and `flink-memory
+serve-llm` (the embedded model over the OpenAI API). PyFlink, the LLM client and the model server are imported
+inside the commands, so the other commands start without them."""
+
+from __future__ import annotations
+
+import argparse
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from flink_memory.cli.args import job_config
+from flink_memory.cli.progress import ProgressLine, count_lines
+from flink_memory.cli.report import report
+from flink_memory.config import load_config
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _quiet_shutdown(hook: Any = threading.excepthook) -> None:
+    """Hide PyFlink's process-mode shutdown noise: the Beam data-plane thread of the local Python worker
+    reports its gRPC stream cancelled ("Multiplexer hanging up") when the job ends. Other errors still show."""
+
+    def excepthook(args: Any) -> None:
+        if "Multiplexer hanging up" in str(args.exc_value) or "StatusCode.CANCELLED" in str(args.exc_value):
+            return
+        hook(args)
+
+    threading.excepthook = excepthook
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """`run`: the job on a local MiniCluster until its input ends (or for ever with --follow), then the report."""
+    from flink_memory.flink.pipeline import build_job
+    from flink_memory.llm.client import resolve_api_key
+    from flink_memory.llm.embedded import start_local_model
+
+    _quiet_shutdown()
+    config = job_config(args)
+    if config.llm.api_key_file:  # local workers read the same file: refuse now, not after every restart
+        resolve_api_key(config.llm)
+    server = start_local_model(config)
+    if server is not None:
+        print(f"[flink-memory] embedded model {server.model_path.name} on {server.base_url}", file=sys.stderr)
+    Path(args.output).mkdir(parents=True, exist_ok=True)
+    port = _free_port()
+    env = build_job(config, args.input, args.output, follow=args.follow, restore=args.restore, rest_port=port)
+    started = time.monotonic()
+    try:
+        client = env.execute_async("flink-memory")
+    except Exception as exc:
+        if args.restore and "Cannot map checkpoint/savepoint state" in str(exc):
+            print("flink-memory: the checkpoint holds state this job cannot claim. A checkpoint restores only in "
+                  "the execution mode that wrote it (release 0.1.0 wrote process mode): rerun with --set "
+                  f"job.execution_mode=process (or thread). Flink said: {str(exc).splitlines()[0][:300]}",
+                  file=sys.stderr)
+            return 3
+        raise
+    job_id = str(client.get_job_id())
+    print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
+    progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input)).start()
+    try:
+        client.get_job_execution_result().result()
+    finally:
+        progress.stop()
+    print(report(args.output, time.monotonic() - started))
+    store = config.store.location(args.output)
+    if store:
+        print(f"  live memory             : {store} (read it: flink-memory show|recall AGENT --store {store})")
+    return 0
+
+
+def serve_llm(args: argparse.Namespace) -> int:
+    """`serve-llm`: the embedded model on --host:--port until Ctrl-C or SIGTERM."""
+    from flink_memory.llm.embedded import EmbeddedServer
+
+    llm = load_config(args.config, args.overrides).llm  # (a flag given wins over the configuration)
+    server = EmbeddedServer(
+        args.model or llm.embedded_model_path, host=args.host, port=args.port,
+        context_window=args.context_window or llm.context_window, threads=args.threads or llm.embedded_threads,
+        parallel=args.parallel or llm.embedded_parallel)
+    print(f"serving {server.model_path.name} at {server.base_url}/v1 (OpenAI-compatible); Ctrl-C stops",
+          flush=True)
+    stop = threading.Event()
+    try:
+        import signal
+
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+        while not stop.wait(1.0):
+            pass
+    except KeyboardInterrupt:
+        pass
+    server.close()
+    return 0
