@@ -79,7 +79,7 @@ class Calibration:
         """Start from ratios learned before (kept in the journal): a restored job packs as the failed one did."""
         with self._lock:
             for kind, ratio in ratios.items():
-                group = _KIND_GROUPS.get(kind, kind)  # (a journal of an older release may name a kind apart)
+                group = _KIND_GROUPS.get(kind, kind)  # (a kind that calibrates with another joins its ratio)
                 if ratio > 0:
                     self.ratios[group] = max(self.ratios.get(group, 0.0), ratio)
 
