@@ -40,12 +40,14 @@ from scripted_server import ScriptedServer  # noqa: E402
 
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
-from flink_memory.llm.client import LLMCallError, LLMClient, RequestFactory  # noqa: E402
+from flink_memory.llm.client import LLMClient  # noqa: E402
 from flink_memory.llm.runtime import read_stats  # noqa: E402
 from flink_memory.outputs import latest_globals, read_outputs  # noqa: E402
+from flink_memory.requests import LLMCallError, RequestFactory  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
 from flink_memory.summarize.prompts import SUMMARY_PROMPT_VERSION, messages_for  # noqa: E402
-from flink_memory.tokens import RequestTooLarge, estimate_messages, estimate_tokens  # noqa: E402
+from flink_memory.tokens.budget import RequestTooLarge  # noqa: E402
+from flink_memory.tokens.estimate import estimate_messages, estimate_tokens  # noqa: E402
 
 STRATEGIES = ("single_pass", "batched", "hierarchical")
 SYLLABLES = ["ka", "to", "mi", "rel", "an", "so", "vi", "da", "lor", "en", "ti", "ba", "nu", "qua", "ze"]

@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from flink_memory.chunking.planner import PLAN_OUTPUT_TOKENS, ChunkPlanner
 from flink_memory.config import Config, ConfigError
-from flink_memory.llm.client import RequestFactory
-from flink_memory.summarize.prompts import Packer, child_target, entry_room
-from flink_memory.tokens import TokenCounter
+from flink_memory.requests import RequestFactory
+from flink_memory.summarize.prompts import Packer, batch_item_room, child_target, entry_room
+from flink_memory.tokens.counter import TokenCounter
 
 # A summary of N model tokens counts up to this many N by the calibrated estimate (merges and later rounds
 # are packed after the first responses have calibrated the count; an exact tokenizer counts 1).
@@ -42,7 +42,7 @@ def problems(config: Config, counter: TokenCounter | None = None) -> list[str]:
                          f"llm.max_output_tokens need {2 * summary}")
             break
     if config.chunking.semantic:
-        planner = ChunkPlanner(config, factory)
+        planner = ChunkPlanner(config, factory, batch_item_room(config))
         lines = planner.line_room(None) // (planner.preview_tokens(None) + 24)
         if budget.context_window - PLAN_OUTPUT_TOKENS <= 0 or lines < MIN_PLANNER_LINES:
             found.append(f"a planning request holds {max(0, lines)} exchanges (needs {MIN_PLANNER_LINES})")

@@ -65,7 +65,7 @@ class LLMConfig(_Section):
     embedded_model_path: str | None = None
     embedded_threads: int = Field(2, ge=1)
     embedded_parallel: int = Field(2, ge=1)
-    # auto | server | estimate | tiktoken:NAME | hf:PATH (see tokens.py)
+    # auto | server | estimate | tiktoken:NAME | hf:PATH (see llm/tokenizers.py)
     tokenizer: str = Field("auto", pattern=r"^(auto|server|estimate|tiktoken:.+|hf:.+)$")
 
     def answer_policy(self) -> dict[str, Any]:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from flink_memory.tokens import estimate_messages, estimate_tokens
+from flink_memory.tokens.estimate import estimate_messages, estimate_tokens
 
 
 @dataclass

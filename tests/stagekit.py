@@ -15,15 +15,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flink_memory.config import Config, load_config
-from flink_memory.llm.client import RequestFactory
-from flink_memory.llm.types import ChatRequest, ChatResult
 from flink_memory.records import DeadLetter, parse_line
+from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.stages.batcher import BatcherCore
 from flink_memory.stages.calls import Effects
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
 from flink_memory.state import MemoryState, StateTransaction
-from flink_memory.tokens import estimate_messages
+from flink_memory.tokens.estimate import estimate_messages
 
 END_OF_INPUT = "end-of-input"
 

@@ -11,9 +11,11 @@ from stagekit import Pipeline
 
 from flink_memory import budgets
 from flink_memory.config import ConfigError, load_config
-from flink_memory.llm.client import ChatResult, ContextOverflow, RequestFactory
 from flink_memory.records import Conversation, MemoryItem
-from flink_memory.tokens import EstimateTokenizer, TokenCounter, make_calibration
+from flink_memory.requests import ChatResult, ContextOverflow, RequestFactory
+from flink_memory.tokens.calibration import make_calibration
+from flink_memory.tokens.counter import TokenCounter
+from flink_memory.tokens.tokenizer import EstimateTokenizer
 
 
 def cfg(*overrides):

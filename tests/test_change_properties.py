@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from stagekit import Pipeline, cfg, keeping_answer, live
 
-from flink_memory.llm.types import LLMCallError
+from flink_memory.requests import LLMCallError
 
 KINDS = ["put"] * 6 + ["delete"] * 4 + ["forget"] + ["settle"] * 3 + ["wait"] * 3  # (forgets are rare)
 OPERATIONS = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(0, 11), st.sampled_from([1, 5, 20])),

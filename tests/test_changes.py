@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 from stagekit import Pipeline, cfg, hold_plans, keeping_answer, live, summary_answer
 
-from flink_memory.llm.types import LLMCallError
+from flink_memory.requests import LLMCallError
 from flink_memory.stages.merger import JOINED_MODEL
 
 

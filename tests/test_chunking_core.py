@@ -10,9 +10,10 @@ from flink_memory.chunking import core
 from flink_memory.chunking.manifest import ManifestMismatch, PolicyChanged, load_verified, manifest_json
 from flink_memory.chunking.planner import ChunkPlanner, PlanJob, prepare
 from flink_memory.config import load_config
-from flink_memory.llm.client import RequestFactory
 from flink_memory.records import Conversation, MemoryItem, TrustedConversation
-from flink_memory.tokens import estimate_messages
+from flink_memory.requests import RequestFactory
+from flink_memory.summarize.prompts import batch_item_room
+from flink_memory.tokens.estimate import estimate_messages
 
 messages_st = st.lists(
     st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "system", "tool"]),
@@ -83,7 +84,7 @@ def cfg(*overrides):
 
 def planner(*overrides):
     config = cfg(*overrides)
-    return ChunkPlanner(config, RequestFactory.from_config(config.llm))
+    return ChunkPlanner(config, RequestFactory.from_config(config.llm), batch_item_room(config))
 
 
 def long_conversation(turns=30, words=20):

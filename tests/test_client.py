@@ -5,8 +5,9 @@ import pytest
 from scripted_server import Reply, ScriptedServer
 
 from flink_memory.config import ConfigError, load_config
-from flink_memory.llm.client import ChatRequest, ContextOverflow, LLMCallError, LLMClient
-from flink_memory.tokens import RequestTooLarge
+from flink_memory.llm.client import LLMClient
+from flink_memory.requests import ChatRequest, ContextOverflow, LLMCallError
+from flink_memory.tokens.budget import RequestTooLarge
 
 
 def make_client(server, *overrides, journal=None, api_key=None):

@@ -10,7 +10,7 @@ from scripted_server import Reply, ScriptedServer, default_script
 
 from flink_memory.outputs import latest_globals
 from flink_memory.records import DeadLetter, SummaryNode
-from flink_memory.tokens import estimate_messages
+from flink_memory.tokens.estimate import estimate_messages
 
 pytestmark = pytest.mark.slow
 

@@ -11,8 +11,9 @@ from pgserver import new_database
 
 from flink_memory.config import load_config
 from flink_memory.digests import digest
-from flink_memory.llm.client import ChatResult, LLMClient
+from flink_memory.llm.client import LLMClient
 from flink_memory.llm.journal import PostgresJournal, RowJournal, SqliteJournal, open_journal, redact_url
+from flink_memory.requests import ChatResult
 
 WRITERS = 4
 ENTRIES = 150

@@ -4,7 +4,7 @@ import threading
 import time
 
 from flink_memory.llm.pool import CallPool
-from flink_memory.llm.types import ChatRequest, ChatResult
+from flink_memory.requests import ChatRequest, ChatResult
 
 
 def request(text: str, kind: str) -> ChatRequest:

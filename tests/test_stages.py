@@ -6,7 +6,7 @@ import math
 import pytest
 from stagekit import Pipeline, cfg, hold_plans, summary_answer
 
-from flink_memory.llm.types import ContextOverflow, LLMCallError
+from flink_memory.requests import ContextOverflow, LLMCallError
 from flink_memory.state import (
     MemoryState,
     StateTransaction,

@@ -5,13 +5,13 @@ import math
 import pytest
 
 from flink_memory.config import load_config
-from flink_memory.llm.client import ChatResult, RequestFactory
 from flink_memory.records import SummaryNode
+from flink_memory.requests import ChatResult, RequestFactory
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import SummaryTree
-from flink_memory.tokens import estimate_messages
+from flink_memory.tokens.estimate import estimate_messages
 
 
 def cfg(*overrides):
@@ -240,7 +240,7 @@ def test_an_open_batch_closes_where_its_units_say_whatever_the_counter_learns_me
 
 def test_a_failed_call_of_a_round_does_not_throw_away_the_answers_of_the_others():
     """A round of several requests where one fails: after the backoff only that one is made again."""
-    from flink_memory.llm.types import LLMCallError
+    from flink_memory.requests import LLMCallError
     from flink_memory.stages.calls import RetryPolicy, drive
 
     config = cfg("llm.context_window=1024", "llm.max_output_tokens=64")

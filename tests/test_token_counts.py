@@ -8,19 +8,14 @@ from scripted_server import Reply, ScriptedServer, chars_per_token, prompt_count
 from flink_memory.config import load_config
 from flink_memory.llm.client import LLMClient
 from flink_memory.llm.pool import CallPool
+from flink_memory.llm.tokenizers import HFTokenizer, TiktokenTokenizer, TokenizerUnavailable, open_tokenizer
 from flink_memory.stages.calls import RetryPolicy, run_to_end
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
 from flink_memory.summarize.prompts import lines_for, messages_for, request_purpose
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.tokens import (
-    EstimateTokenizer,
-    HFTokenizer,
-    TiktokenTokenizer,
-    TokenCounter,
-    TokenizerUnavailable,
-    make_calibration,
-    open_tokenizer,
-)
+from flink_memory.tokens.calibration import make_calibration
+from flink_memory.tokens.counter import TokenCounter
+from flink_memory.tokens.tokenizer import EstimateTokenizer
 
 SENTENCES = [
     "Alice moved the launch of project Orion to week {k} after the budget review with Bob.",
@@ -216,7 +211,8 @@ def test_a_restarted_client_packs_with_what_the_journal_learned(tmp_path):
 def test_a_tokenizer_that_stops_answering_is_replaced_by_the_estimate_until_it_answers_again():
     """A restarting llama.cpp server must not become an error of the job: the estimate bounds the count, a
     text keeps the count it got (a job packs it the same way twice), and the server is left alone a while."""
-    from flink_memory.tokens import TokenizerUnreachable, estimate_tokens
+    from flink_memory.tokens.estimate import estimate_tokens
+    from flink_memory.tokens.tokenizer import TokenizerUnreachable
 
     class Flaky:
         name, exact, per_message, per_request = "flaky", True, 4, 3

@@ -2,16 +2,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flink_memory.tokens import (
-    Budget,
-    RequestTooLarge,
-    ServerTokenizer,
-    TokenCounter,
-    estimate_messages,
-    estimate_tokens,
-    make_calibration,
-    split_text,
-)
+from flink_memory.llm.tokenizers import ServerTokenizer
+from flink_memory.tokens.budget import Budget, RequestTooLarge
+from flink_memory.tokens.calibration import make_calibration
+from flink_memory.tokens.counter import TokenCounter
+from flink_memory.tokens.estimate import estimate_messages, estimate_tokens
+from flink_memory.tokens.split import split_text
 
 VARIED = {
     "english": "The quick brown fox jumps over the lazy dog. Alice met Bob on 2024-03-05 in Paris.",
@@ -50,7 +46,7 @@ def test_the_estimate_never_exceeds_the_utf8_bytes(text):
 def test_counting_a_long_letter_run_keeps_no_copy_of_it():
     """Only word-sized runs are cached: splitting a long run counts ever shorter tails of it, and caching
     those kept the whole text alive many times over."""
-    from flink_memory.tokens import _short_letter_run
+    from flink_memory.tokens.estimate import _short_letter_run
 
     before = _short_letter_run.cache_info().currsize
     text = "acgt" * 5000

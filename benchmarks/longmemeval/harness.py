@@ -39,7 +39,7 @@ from flink_memory.digests import canonical_json, digest  # noqa: E402
 from flink_memory.llm.embedded import start_local_model  # noqa: E402
 from flink_memory.outputs import latest_globals, read_outputs  # noqa: E402
 from flink_memory.summarize.prompts import summarization_fingerprint, summarization_policy  # noqa: E402
-from flink_memory.tokens import estimate_tokens  # noqa: E402
+from flink_memory.tokens.estimate import estimate_tokens  # noqa: E402
 
 PROJECT_VERSION = re.search(r'^version = "([^"]+)"', (ROOT / "pyproject.toml").read_text(), re.M).group(1)
 
@@ -333,7 +333,8 @@ def run(args: argparse.Namespace) -> int:
     server = start_local_model(config)
     client = factory = None
     if args.qa:
-        from flink_memory.llm.client import LLMClient, RequestFactory
+        from flink_memory.llm.client import LLMClient
+        from flink_memory.requests import RequestFactory
 
         client, factory = LLMClient(config.llm, config.llm.base_url), RequestFactory.from_config(config.llm)
     try:

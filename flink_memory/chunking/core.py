@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from flink_memory.tokens import estimate_tokens
+from flink_memory.tokens.estimate import estimate_tokens
 
 Exchange = tuple[int, int]  # first and last message index, inclusive
 

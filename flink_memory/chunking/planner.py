@@ -18,8 +18,6 @@ from flink_memory.chunking import core
 from flink_memory.chunking.manifest import build_manifest, input_digest_messages, input_digest_text
 from flink_memory.config import Config
 from flink_memory.digests import digest
-from flink_memory.llm.client import RequestFactory
-from flink_memory.llm.types import ChatRequest, ChatResult
 from flink_memory.records import (
     ChunkManifest,
     Conversation,
@@ -28,9 +26,10 @@ from flink_memory.records import (
     TrustedConversation,
     format_ts,
 )
+from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.state import StateModel
-from flink_memory.summarize.prompts import child_target, entry_room
-from flink_memory.tokens import Budget, TokenCounter, estimate_tokens, split_text
+from flink_memory.tokens.estimate import estimate_tokens
+from flink_memory.tokens.split import split_text
 
 # Part of the chunking fingerprint: a prompt change never reuses plans made with another prompt.
 PLANNER_PROMPT_VERSION = "planner-v1"
@@ -72,13 +71,11 @@ def chunking_fingerprint(config: Config) -> str:
     return digest(chunking_policy(config))
 
 
-def item_part_tokens(config: Config) -> int:
-    """Size of the parts a text longer than chunking.max_chunk_tokens is cut into: at most a quarter of a batch
-    request's room (by the uncalibrated estimate, so parts never depend on calibration), so that parts pack
-    four or more to a batch instead of leaving a third of each batch request empty."""
-    budget = Budget(config.llm.context_window, config.llm.max_output_tokens, TokenCounter())
-    room = entry_room(budget, "batch", child_target(budget, config.summarization.fan_in))
-    return max(32, min(config.chunking.max_chunk_tokens, room // 4))
+def item_part_tokens(max_chunk_tokens: int, batch_room: int) -> int:
+    """Size of the parts a text longer than chunking.max_chunk_tokens is cut into: at most a quarter of the item
+    room of a batch request (`batch_room`, by the uncalibrated estimate, so parts never depend on calibration),
+    so that parts pack four or more to a batch instead of leaving a third of each batch request empty."""
+    return max(32, min(max_chunk_tokens, batch_room // 4))
 
 
 @dataclass
@@ -142,11 +139,13 @@ def prepare(record: Conversation) -> Prepared:
 class ChunkPlanner:
     """Decides how each input becomes memory units; the LLM part is driven by the operator."""
 
-    def __init__(self, config: Config, factory: RequestFactory) -> None:
+    def __init__(self, config: Config, factory: RequestFactory, batch_room: int) -> None:
+        """`batch_room`: the item tokens one batch request holds by the uncalibrated estimate (the summarizer's
+        `batch_item_room`); long texts are cut to fit it, and chunking need not know the batch prompt."""
         self.config = config
         self.factory = factory
         self.max_tokens = config.chunking.max_chunk_tokens
-        self.part_tokens = item_part_tokens(config)
+        self.part_tokens = item_part_tokens(self.max_tokens, batch_room)
         self.fingerprint = chunking_fingerprint(config)
         self.window_tokens = config.chunking.planner_window_tokens
 

@@ -1,5 +1,2 @@
-"""LLM access: the OpenAI-compatible client, the embedded llama.cpp server and the replay journal."""
-
-from flink_memory.llm.client import ChatRequest, ChatResult, LLMCallError, LLMClient, UsageStats
-
-__all__ = ["ChatRequest", "ChatResult", "LLMCallError", "LLMClient", "UsageStats"]
+"""LLM I/O: the OpenAI-compatible client, the embedded llama.cpp server, the replay journal, the call pool
+and the model tokenizers. The request value types they exchange with the core are `flink_memory.requests`."""

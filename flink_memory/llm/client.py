@@ -25,10 +25,16 @@ import openai
 
 from flink_memory.config import ConfigError, LLMConfig
 from flink_memory.digests import digest_parts
-from flink_memory.llm.types import ChatRequest, ChatResult, ContextOverflow, Journal, LLMCallError
-from flink_memory.tokens import Budget, RequestTooLarge, TokenCounter
-
-__all__ = ["ChatRequest", "ChatResult", "ContextOverflow", "LLMCallError", "LLMClient", "RequestFactory", "UsageStats"]
+from flink_memory.requests import (
+    ChatRequest,
+    ChatResult,
+    ContextOverflow,
+    Journal,
+    LLMCallError,
+    RequestFactory,
+)
+from flink_memory.tokens.budget import RequestTooLarge
+from flink_memory.tokens.counter import TokenCounter
 
 log = logging.getLogger(__name__)
 
@@ -46,59 +52,6 @@ CALIBRATION_TEXT = (
     "contracts, the support representatives answered questions about refunds and replacements, and the "
     "leadership team prepared an explanation for shareholders describing the disruption and its resolution."
 )
-
-
-@dataclass(frozen=True)
-class RequestFactory:
-    """Builds canonical requests from the LLM settings; plain data, so operators can pickle it."""
-
-    model: str
-    max_output_tokens: int
-    context_window: int
-    temperature: float = 0.0
-    seed: int | None = None
-    structured_output: bool = True
-    counter: TokenCounter = field(default_factory=TokenCounter, compare=False, repr=False)
-
-    @classmethod
-    def from_config(cls, config: LLMConfig, counter: TokenCounter | None = None) -> RequestFactory:
-        return cls(
-            model=config.model,
-            max_output_tokens=config.max_output_tokens,
-            context_window=config.context_window,
-            temperature=config.temperature,
-            seed=config.seed,
-            structured_output=config.structured_output,
-            counter=counter or TokenCounter(),
-        )
-
-    @property
-    def budget(self) -> Budget:
-        return Budget(self.context_window, self.max_output_tokens, self.counter)
-
-    def build(
-        self,
-        messages: list[dict[str, str]],
-        *,
-        prompt_version: str,
-        max_tokens: int | None = None,
-        json_schema: dict[str, Any] | None = None,
-        scale: float | None = None,
-        kind: str = "",
-    ) -> ChatRequest:
-        """A request that fits the window by the counter at `scale` (the job's frozen scale)."""
-        request = ChatRequest.build(
-            model=self.model,
-            prompt_version=prompt_version,
-            messages=messages,
-            max_tokens=max_tokens or self.max_output_tokens,
-            temperature=self.temperature,
-            seed=self.seed,
-            json_schema=json_schema if self.structured_output else None,
-            kind=kind,
-        )
-        self.budget.check(messages, request.max_tokens, scale)
-        return request
 
 
 # Texts of providers that reject a prompt for its length (llama.cpp, OpenAI, vLLM, Ollama: HTTP 400; Hugging

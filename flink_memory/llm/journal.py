@@ -24,7 +24,7 @@ import xxhash
 
 from flink_memory.databases import PostgresConnection, is_postgres, redact_url, sqlite_connect, sqlite_path
 from flink_memory.digests import digest
-from flink_memory.llm.types import ChatResult, Journal
+from flink_memory.requests import ChatResult, Journal
 
 log = logging.getLogger(__name__)
 __all__ = ["Journal", "PostgresJournal", "RowJournal", "SqliteJournal", "open_journal", "redact_url"]

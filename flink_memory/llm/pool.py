@@ -19,7 +19,7 @@ from concurrent.futures import FIRST_COMPLETED, Future, wait
 from dataclasses import dataclass
 from typing import Any
 
-from flink_memory.llm.types import ChatRequest, ChatResult
+from flink_memory.requests import ChatRequest, ChatResult
 
 # Which queued call a free worker takes first: calls that other work waits for before calls nothing waits
 # for (a plan holds back its agent's records, a batch its merges and global; a global ends a chain), so the

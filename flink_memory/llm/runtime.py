@@ -10,9 +10,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flink_memory.config import Config
-from flink_memory.llm.client import LLMClient, RequestFactory
+from flink_memory.llm.client import LLMClient
 from flink_memory.llm.pool import CallPool
-from flink_memory.tokens import TokenCounter, make_calibration, open_tokenizer
+from flink_memory.llm.tokenizers import open_tokenizer
+from flink_memory.requests import RequestFactory
+from flink_memory.tokens.calibration import make_calibration
+from flink_memory.tokens.counter import TokenCounter
 
 
 def resolve_base_url(config: Config) -> str:

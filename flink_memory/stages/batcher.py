@@ -16,8 +16,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from flink_memory.config import Config
-from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
+from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Retract, Revising, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state

@@ -13,8 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
-from flink_memory.llm.types import ChatRequest, ChatResult, ContextOverflow, LLMCallError
 from flink_memory.records import DeadLetter
+from flink_memory.requests import ChatRequest, ChatResult, ContextOverflow, LLMCallError
 
 # Results of finished calls by request digest: a ChatResult, or the error the call ended with.
 Finished = Mapping[str, "ChatResult | BaseException"]

@@ -19,8 +19,8 @@ from __future__ import annotations
 from pydantic import Field
 
 from flink_memory.config import Config
-from flink_memory.llm.client import RequestFactory
 from flink_memory.records import DeadLetter, SummaryNode
+from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Revising, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state

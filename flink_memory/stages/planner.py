@@ -30,7 +30,6 @@ from flink_memory.chunking.manifest import (
 from flink_memory.chunking.planner import ChunkPlanner, PlanJob, PlanTask, Prepared, Routed, prepare
 from flink_memory.config import Config
 from flink_memory.digests import digest
-from flink_memory.llm.client import RequestFactory
 from flink_memory.records import (
     Content,
     Conversation,
@@ -40,9 +39,11 @@ from flink_memory.records import (
     InputRecord,
     record_from_json,
 )
+from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RecordFault, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Retract
 from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, decode_state
+from flink_memory.summarize.prompts import batch_item_room
 
 HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
 LEGACY_QUEUE = "queue"
@@ -115,7 +116,7 @@ class PlannerCore:
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         """`bounded` is the stages' common signature; the planner has no timeouts to skip."""
         self.config = config
-        self.planner = ChunkPlanner(config, factory)
+        self.planner = ChunkPlanner(config, factory, batch_item_room(config))
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.raise_on_failure = config.chunking.on_planner_failure == "raise"
         self.editable_ms = int(config.memory.editable_for * 1000)

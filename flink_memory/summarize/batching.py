@@ -13,7 +13,7 @@ from flink_memory.config import Config
 from flink_memory.records import MemoryUnit
 from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import Packer, child_target
-from flink_memory.tokens import Budget
+from flink_memory.tokens.budget import Budget
 
 
 def unit_entry(unit: MemoryUnit | dict[str, Any]) -> dict[str, Any]:

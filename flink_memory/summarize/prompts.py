@@ -13,7 +13,8 @@ from typing import Any, Literal
 
 from flink_memory.config import Config
 from flink_memory.digests import digest
-from flink_memory.tokens import Budget, TokenCounter
+from flink_memory.tokens.budget import Budget
+from flink_memory.tokens.counter import TokenCounter
 
 # Part of the summarization fingerprint and of every request, so a prompt change never reuses old results.
 SUMMARY_PROMPT_VERSION = "summary-v4"
@@ -129,6 +130,13 @@ def child_target(budget: Budget, fan_in: int) -> int:
     prompt, so it must not depend on what a process has learned, or a restored job would ask differently."""
     room = entry_room(budget, "merge", budget.max_output_tokens, 1.0)
     return max(16, min(budget.max_output_tokens, room // fan_in - 8))
+
+
+def batch_item_room(config: Config) -> int:
+    """Tokens the items of one batch request may take, by the uncalibrated estimate: what a text is cut to fit
+    before batching, so its parts never depend on what a process has learned of the provider's counts."""
+    budget = Budget(config.llm.context_window, config.llm.max_output_tokens, TokenCounter())
+    return entry_room(budget, "batch", child_target(budget, config.summarization.fan_in))
 
 
 def summarization_policy(config: Config) -> dict[str, Any]:

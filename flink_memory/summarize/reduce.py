@@ -15,8 +15,7 @@ from typing import Any
 
 from pydantic import Field
 
-from flink_memory.llm.client import RequestFactory
-from flink_memory.llm.types import ChatRequest, ChatResult
+from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import (
     SUMMARY_PROMPT_VERSION,
@@ -26,7 +25,8 @@ from flink_memory.summarize.prompts import (
     escape,
     messages_for,
 )
-from flink_memory.tokens import Budget, split_text
+from flink_memory.tokens.budget import Budget
+from flink_memory.tokens.split import split_text
 
 MAX_ROUNDS = 12
 MAX_REJECTIONS = 8  # length rejections re-packed before the job waits like any failed call

@@ -20,7 +20,7 @@ from flink_memory.records import SummaryNode
 from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import entry_limit
-from flink_memory.tokens import Budget
+from flink_memory.tokens.budget import Budget
 
 
 def merge_entry(node: SummaryNode | dict[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,8 @@
-"""Value types of the LLM layer: requests, results and the errors callers handle.
+"""Chat requests as values: the canonical request, its result, the errors callers handle, and the factory
+that builds requests within the token budget.
 
-A leaf module: the client, the journal, the call pool and the stage cores all speak these types, and none
-of them has to import another to do so.
+A leaf module with no SDK or network import: the stage cores and the summary and chunk builders make
+requests and read results here, and only the client (`flink_memory.llm.client`) sends them.
 """
 
 from __future__ import annotations
@@ -10,7 +11,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from flink_memory.config import LLMConfig
 from flink_memory.digests import digest
+from flink_memory.tokens.budget import Budget
+from flink_memory.tokens.counter import TokenCounter
 
 
 @dataclass(frozen=True)
@@ -103,3 +107,56 @@ class Journal(Protocol):
     def calibration(self, name: str) -> dict[str, float]: ...
 
     def save_calibration(self, name: str, ratios: dict[str, float]) -> None: ...
+
+
+@dataclass(frozen=True)
+class RequestFactory:
+    """Builds canonical requests from the LLM settings; plain data, so operators can pickle it."""
+
+    model: str
+    max_output_tokens: int
+    context_window: int
+    temperature: float = 0.0
+    seed: int | None = None
+    structured_output: bool = True
+    counter: TokenCounter = field(default_factory=TokenCounter, compare=False, repr=False)
+
+    @classmethod
+    def from_config(cls, config: LLMConfig, counter: TokenCounter | None = None) -> RequestFactory:
+        return cls(
+            model=config.model,
+            max_output_tokens=config.max_output_tokens,
+            context_window=config.context_window,
+            temperature=config.temperature,
+            seed=config.seed,
+            structured_output=config.structured_output,
+            counter=counter or TokenCounter(),
+        )
+
+    @property
+    def budget(self) -> Budget:
+        return Budget(self.context_window, self.max_output_tokens, self.counter)
+
+    def build(
+        self,
+        messages: list[dict[str, str]],
+        *,
+        prompt_version: str,
+        max_tokens: int | None = None,
+        json_schema: dict[str, Any] | None = None,
+        scale: float | None = None,
+        kind: str = "",
+    ) -> ChatRequest:
+        """A request that fits the window by the counter at `scale` (the job's frozen scale)."""
+        request = ChatRequest.build(
+            model=self.model,
+            prompt_version=prompt_version,
+            messages=messages,
+            max_tokens=max_tokens or self.max_output_tokens,
+            temperature=self.temperature,
+            seed=self.seed,
+            json_schema=json_schema if self.structured_output else None,
+            kind=kind,
+        )
+        self.budget.check(messages, request.max_tokens, scale)
+        return request

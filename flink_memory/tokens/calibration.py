@@ -1,0 +1,91 @@
+"""How the provider's token counts relate to ours, learned per request kind from its usage reports."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from flink_memory.tokens.tokenizer import Tokenizer
+
+# A part request carries slices of item text, as a batch request does; a global is built like a merge (a
+# frame, then dated summaries): each pair calibrates together.
+_KIND_GROUPS = {"part": "batch", "global": "merge"}
+
+
+@dataclass
+class Calibration:
+    """Learns how the provider's count relates to ours from `usage.prompt_tokens`, per request kind.
+
+    Our estimate errs by a different factor on item text, on summaries and on plan lines, so each kind keeps
+    the largest ratio seen (provider count / our count) for its own requests; a kind with no report yet uses
+    the largest ratio of any kind (the start-up calibration request included) with `unseen_margin`, since
+    its text may be counted tighter than what was seen (prose, tables, code differ by a third), so it starts
+    conservative. The scale is that ratio plus `margin`, rounded up to 1/64 so it changes in few steps,
+    never below `floor`; before any report it is `initial` (1 for the estimate, its upper bound). A provider
+    that rejects a request for its length raises its kind's ratio to the count it reported, for this
+    process only (`rejected`: such a count may include the output, so it is never kept for later jobs).
+    """
+
+    initial: float = 1.0
+    margin: float = 0.05
+    floor: float = 0.1
+    unseen_margin: float = 0.1
+    ratios: dict[str, float] = field(default_factory=dict)
+    rejected: dict[str, float] = field(default_factory=dict)
+    reports: int = 0
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
+
+    def _own(self, kind: str) -> float | None:
+        group = _KIND_GROUPS.get(kind, kind)
+        found = [r for r in (self.ratios.get(group), self.rejected.get(group)) if r is not None]
+        return max(found) if found else None
+
+    def scale_for(self, kind: str | None = None) -> float:
+        """The factor from raw counts to the provider's tokens for requests of `kind` (None: any kind)."""
+        ratio = self._own(kind) if kind else None
+        margin = self.margin
+        if ratio is None:  # no report of its own: the largest of any kind, with the wider margin
+            ratio = max([*self.ratios.values(), *self.rejected.values()], default=None)
+            margin = self.unseen_margin
+        if ratio is None:
+            return self.initial
+        return max(self.floor, math.ceil(ratio * (1 + margin) * 64) / 64)
+
+    @property
+    def scale(self) -> float:
+        """The most conservative scale: the largest ratio of any kind."""
+        return self.scale_for(None)
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return dict(self.ratios)
+
+    def observe(self, ours: int, reported: int, kind: str = "", *, rejection: bool = False) -> bool:
+        """Learn from one report; True when a kept ratio grew (worth keeping for the next start)."""
+        if ours <= 0 or reported <= 0:
+            return False
+        group = _KIND_GROUPS.get(kind, kind)
+        learned = self.rejected if rejection else self.ratios
+        with self._lock:
+            self.reports += 1
+            grew = reported / ours > learned.get(group, 0.0)
+            if grew:
+                learned[group] = reported / ours
+            return grew and not rejection
+
+    def seed(self, ratios: Mapping[str, float]) -> None:
+        """Start from ratios learned before (kept in the journal): a restored job packs as the failed one did."""
+        with self._lock:
+            for kind, ratio in ratios.items():
+                group = _KIND_GROUPS.get(kind, kind)  # (a kind that calibrates with another joins its ratio)
+                if ratio > 0:
+                    self.ratios[group] = max(self.ratios.get(group, 0.0), ratio)
+
+
+def make_calibration(tokenizer: Tokenizer) -> Calibration:
+    """Estimates start at their upper bound; exact tokenizers at 1 with a small margin for template drift."""
+    if tokenizer.exact:
+        return Calibration(initial=1.0, margin=0.0, floor=1.0, unseen_margin=0.0)
+    return Calibration(initial=1.0, margin=0.05, floor=0.1)
