@@ -46,9 +46,9 @@ def test_revisions() -> None:
         NodeId.global_summary(1).next_revision()
 
 
-@pytest.mark.parametrize("text", ["", "batch", "batch-7", "batch-0000007", "batch-000007-r", "batch-000007-r01",
-                                  "merge-000003", "merge-L02-000003", "global-000012", "global-v000012-r1",
-                                  "n", "batch-1b", "m1"])
+@pytest.mark.parametrize("text", [
+    "", "batch", "batch-7", "batch-0000007", "batch-000007-r", "batch-000007-r01", "batch-000007-r0",
+    "merge-000003", "merge-L02-000003", "global-000012", "global-v000012-r1", "n", "batch-1b", "m1"])
 def test_text_that_is_no_node_id_is_refused(text: str) -> None:
     with pytest.raises(ValueError, match="not a node id"):
         NodeId.parse(text)

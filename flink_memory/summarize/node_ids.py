@@ -15,7 +15,9 @@ from typing import Literal
 
 NodeKind = Literal["batch", "merge", "global"]
 
-_ID = re.compile(r"batch-(?P<batch>\d{6,})|merge-L(?P<level>\d+)-(?P<merge>\d{6,})|global-v(?P<version>\d{6,})")
+_ID = re.compile(r"batch-(?P<batch>\d{6,})"
+                 r"|merge-L(?P<level>\d+)-(?P<merge>\d{6,})"
+                 r"|global-v(?P<version>\d{6,})")
 _REVISION = re.compile(r"(?P<base>.+?)-r(?P<revision>\d+)")
 
 
@@ -64,7 +66,10 @@ class NodeId:
     def __str__(self) -> str:
         if self.kind == "global":
             return f"global-v{self.number:06d}"
-        base = f"batch-{self.number:06d}" if self.kind == "batch" else f"merge-L{self.level}-{self.number:06d}"
+        if self.kind == "batch":
+            base = f"batch-{self.number:06d}"
+        else:
+            base = f"merge-L{self.level}-{self.number:06d}"
         return f"{base}-r{self.revision}" if self.revision else base
 
     @property

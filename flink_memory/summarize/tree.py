@@ -141,26 +141,6 @@ class SummaryTree(StateModel):
             slots.append(Slot(node_id=node.node_id, ready=True))
         return self._form_groups(node.level, fan_in, budget, lookup) if fan_in else []
 
-    def swap(self, old_id: str, new_id: str) -> None:
-        """A finished node that replaces a frontier node takes its slot, so chronology stays as it was."""
-        for slots in self.levels:
-            for index, slot in enumerate(slots):
-                if slot.node_id == old_id:
-                    slots[index] = Slot(node_id=new_id, ready=True)
-                    return
-
-    def drop(self, node_id: str) -> None:
-        """A frontier node leaves the frontier (it was replaced by an empty node)."""
-        for slots in self.levels:
-            for index, slot in enumerate(slots):
-                if slot.node_id == node_id:
-                    del slots[index]
-                    return
-
-    def restore_level(self, slots: list[Slot]) -> None:
-        """The next level up, with its slots in arrival order, as a tree saved without node records held it."""
-        self.levels.append(slots)
-
     def _level(self, level: int) -> list[Slot]:
         while len(self.levels) < level:
             self.levels.append([])
@@ -199,6 +179,31 @@ class SummaryTree(StateModel):
             node_id = str(NodeId.merge(level + 1, self.merges_per_level[level]))
             self._level(level + 1).append(Slot(node_id=node_id, ready=False))
             started.append(MergeStart(node_id=node_id, level=level + 1, children=group))
+
+    # --- changes -------------------------------------------------------------------------------------
+
+    def swap(self, old_id: str, new_id: str) -> None:
+        """A finished node that replaces a frontier node takes its slot, so chronology stays as it was."""
+        if (found := self._find(old_id)) is not None:
+            slots, index = found
+            slots[index] = Slot(node_id=new_id, ready=True)
+
+    def drop(self, node_id: str) -> None:
+        """A frontier node leaves the frontier (it was replaced by an empty node)."""
+        if (found := self._find(node_id)) is not None:
+            slots, index = found
+            del slots[index]
+
+    def _find(self, node_id: str) -> tuple[list[Slot], int] | None:
+        for slots in self.levels:
+            for index, slot in enumerate(slots):
+                if slot.node_id == node_id:
+                    return slots, index
+        return None
+
+    def restore_level(self, slots: list[Slot]) -> None:
+        """Append the next level up with these slots (arrival order): a frontier restored from saved state."""
+        self.levels.append(slots)
 
     # --- the global summary --------------------------------------------------------------------------
 
