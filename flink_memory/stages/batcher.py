@@ -13,15 +13,16 @@ keep their units for `memory.editable_for` after their newest unit, then only th
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
-from flink_memory.stages.messages import ForgetAgent, Retract, Revising, control_of
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
+from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.reduce import ReduceJob
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
@@ -30,10 +31,13 @@ LEGACY_BUFFER, LEGACY_PENDING = "buffer", "pending"
 
 
 class BatcherMeta(StateModel):
-    next_batch: int = 1  # sequence number of the next batch (node id batch-NNNNNN)
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
+    next_batch: int = 1  # number of the next batch (its node id: NodeId.batch)
     next_emit: int = 1  # batches leave in order: the next one to emit
     ended: bool = False  # the input ended: close what is open, do not wait for timeouts
-    revising: list[int] = Field(default_factory=list)  # emitted batches being summarized again
+    # emitted batches being summarized again (stored as "revising")
+    resummarizing: list[int] = Field(default_factory=list, alias="revising")
     next_sweep_ms: int | None = None
 
 
@@ -80,15 +84,12 @@ def _key(seq: int) -> str:
     return f"{seq:012d}"
 
 
-def batch_id(seq: int, revision: int = 0) -> str:
-    return f"batch-{seq:06d}" + (f"-r{revision}" if revision else "")
-
-
 def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
     """The revision an emitted batch is made into, and what it replaces: the live node and every revision
     between (which the first attempt of a replay may have written)."""
     revision = max(done.target, done.revision + 1)
-    return revision, [done.live, *(batch_id(done.seq, r) for r in range(done.revision + 1, revision))]
+    between = (str(NodeId.batch(done.seq, r)) for r in range(done.revision + 1, revision))
+    return revision, [done.live, *between]
 
 
 class BatcherCore:
@@ -140,8 +141,8 @@ class BatcherCore:
         for _, batch in state.items(BATCHES):
             if batch.text is None:
                 self._drive(state, batch, finished, now_ms, effects)
-        for seq in list(meta.revising):
-            self._revise(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
+        for seq in list(meta.resummarizing):
+            self._resummarize(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
         self._sweep(state, meta, now_ms)
         return self._finish(state, buffer, meta, effects, now_ms)
 
@@ -158,8 +159,8 @@ class BatcherCore:
         letters and an empty node replaces it, so no retracted text stays live and no failing job stays."""
         effects = Effects()
         buffer, meta = self._load(state)
-        for seq in list(meta.revising):
-            meta.revising.remove(seq)
+        for seq in list(meta.resummarizing):
+            meta.resummarizing.remove(seq)
             done = state.entry(DONE, _key(seq))
             if done is None:
                 continue
@@ -249,7 +250,7 @@ class BatcherCore:
             if batch.text is None:
                 break
             # (a replay may have left any earlier revision in a store written ahead of the changelog)
-            replaces = [batch_id(batch.seq, r) for r in range(batch.revision)]
+            replaces = [str(NodeId.batch(batch.seq, r)) for r in range(batch.revision)]
             node = self._node(state.key, batch.seq, batch.revision, batch.units, batch.text,
                               batch.job if batch.units else None, replaces)
             effects.out.append(node.model_dump_json())
@@ -269,7 +270,7 @@ class BatcherCore:
               replaces: list[str] | None = None) -> SummaryNode:
         stamps = sorted(u.ts for u in units if u.ts)
         return SummaryNode(
-            agent_id=agent_id, node_id=batch_id(seq, revision), kind="batch", level=1,
+            agent_id=agent_id, node_id=str(NodeId.batch(seq, revision)), kind="batch", level=1,
             children=[u.unit_id for u in units], text=text, item_count=len(units),
             first_ts=stamps[0] if stamps else None, last_ts=stamps[-1] if stamps else None,
             model=",".join(job.models) if job and job.models else self.config.llm.model,
@@ -316,15 +317,15 @@ class BatcherCore:
             done.job = self._job(done.units) if done.units else None
             # one more for this change (one retraction message); a revision running in state from release
             # 0.2.0 (no target kept) already stands for one
-            done.target = max(done.target, done.revision + (1 if seq in meta.revising else 0)) + 1
-            if seq not in meta.revising:
-                meta.revising.append(seq)
-                effects.out.append(Revising(node_ids=[done.live]).model_dump_json())
-            self._revise(state, meta, done, finished, now_ms, effects)
+            done.target = max(done.target, done.revision + (1 if seq in meta.resummarizing else 0)) + 1
+            if seq not in meta.resummarizing:
+                meta.resummarizing.append(seq)
+                effects.out.append(HoldNodes(node_ids=[done.live]).model_dump_json())
+            self._resummarize(state, meta, done, finished, now_ms, effects)
         self._emit(state, meta, effects, now_ms)
 
-    def _revise(self, state: StateTransaction, meta: BatcherMeta, done: DoneBatch, finished: Finished, now_ms: int,
-                effects: Effects) -> None:
+    def _resummarize(self, state: StateTransaction, meta: BatcherMeta, done: DoneBatch, finished: Finished,
+                     now_ms: int, effects: Effects) -> None:
         """Summarize an emitted batch again from its remaining units; the new node replaces the live one."""
         text = ""
         if done.job is not None:
@@ -338,7 +339,7 @@ class BatcherCore:
         node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
         effects.out.append(node.model_dump_json())
         effects.counts["batches_revised"] += 1
-        meta.revising.remove(done.seq)
+        meta.resummarizing.remove(done.seq)
         if done.units:
             state.put(DONE, _key(done.seq), done.model_copy(update={"live": node.node_id, "revision": revision,
                                                                      "job": None, "target": 0}))
@@ -350,7 +351,7 @@ class BatcherCore:
         for name in (UNITS, BATCHES, HOMES, DONE):
             state.clear_map(name)
         buffer.take()
-        meta.next_emit, meta.revising, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
+        meta.next_emit, meta.resummarizing, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
         effects.out.append(ForgetAgent().model_dump_json())
 
     # --- bounded state -------------------------------------------------------------------------------

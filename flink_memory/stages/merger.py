@@ -16,25 +16,29 @@ empty global that replaces every node of the agent written before.
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
-from flink_memory.stages.messages import ForgetAgent, Revising, control_of
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
+from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry, revision_of
+from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry
 
-TREE, CLOCK, NODES, MERGES, GLOBAL = "merger_tree", "merger_clock", "merger_nodes", "merger_merges", "merger_global"
+TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
+SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
 LEGACY_TREE, LEGACY_JOBS = "tree", "jobs"
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
 
-class Clock(StateModel):
+class MergerSchedule(StateModel):
+    """When the agent's next global and next sweep are due, and whether its input ended (global due now)."""
+
     first_node_ms: int | None = None  # when the agent's first node arrived (the first refresh counts from it)
     last_global_ms: int | None = None
     ended: bool = False
@@ -42,10 +46,12 @@ class Clock(StateModel):
 
 
 class StoredNode(StateModel):
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
     node: SummaryNode
     parent: str | None = None  # the merge it went into; None while in the frontier
     newest_ms: int = 0  # when the newest batch below it arrived
-    revising: str | None = None  # the id of the revision of this merge being made
+    running_revision: str | None = Field(None, alias="revising")  # the id of this merge's revision being made
     held: bool = False  # a batch being summarized again: kept, with what it is merged with, until replaced
 
 
@@ -70,7 +76,7 @@ def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
 
 
 class MergerCore:
-    schema = StateSchema(values={TREE: SummaryTree, CLOCK: Clock, GLOBAL: ParentJob},
+    schema = StateSchema(values={TREE: SummaryTree, SCHEDULE: MergerSchedule, GLOBAL: ParentJob},
                          maps={NODES: StoredNode, MERGES: ParentJob}, legacy_values=(LEGACY_TREE, LEGACY_JOBS))
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -87,31 +93,31 @@ class MergerCore:
 
     def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
         control, data = control_of(payload)
-        tree, clock = self._load(state)
+        tree, schedule = self._load(state)
         effects = Effects()
         if isinstance(control, ForgetAgent):
-            self._forget(state, tree, clock, effects)
-            return self._settle(state, tree, clock, effects)
-        if isinstance(control, Revising):
+            self._forget(state, tree, schedule, effects)
+            return self._settle(state, tree, schedule, effects)
+        if isinstance(control, HoldNodes):
             self._hold(state, control.node_ids)
-            return self._settle(state, tree, clock, effects)
+            return self._settle(state, tree, schedule, effects)
         node = SummaryNode.model_validate(data)
-        clock.ended = False
-        if clock.first_node_ms is None:
-            clock.first_node_ms = now_ms
+        schedule.ended = False
+        if schedule.first_node_ms is None:
+            schedule.first_node_ms = now_ms
         self._write(node, effects)
         self._arrive(state, tree, node, now_ms, finished, effects)
-        return self._advance(state, tree, clock, finished, now_ms, effects)
+        return self._advance(state, tree, schedule, finished, now_ms, effects)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
-        tree, clock = self._load(state)
-        self._sweep(state, tree, clock, now_ms)
-        return self._advance(state, tree, clock, finished, now_ms, Effects())
+        tree, schedule = self._load(state)
+        self._sweep(state, tree, schedule, now_ms)
+        return self._advance(state, tree, schedule, finished, now_ms, Effects())
 
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
-        tree, clock = self._load(state)
-        clock.ended = True
-        return self._advance(state, tree, clock, finished, now_ms, Effects())
+        tree, schedule = self._load(state)
+        schedule.ended = True
+        return self._advance(state, tree, schedule, finished, now_ms, Effects())
 
     def evict(self, state: StateTransaction, reason: str) -> Effects:
         """Running merges and the running global of this agent become dead letters, and each merge is made
@@ -119,7 +125,7 @@ class MergerCore:
         revision given up still replaces the merge it was remaking (whose text may hold retracted facts).
         A joined text longer than a summary is condensed by the merges above it, like any long entry."""
         effects = Effects()
-        tree, clock = self._load(state)
+        tree, schedule = self._load(state)
         if (pending := state.get(GLOBAL, ParentJob)) is not None:
             effects.dead_letters.append(_dead_job(pending, reason, state.key))
             state.set(GLOBAL, None)
@@ -135,7 +141,7 @@ class MergerCore:
             effects.counts["merges_joined"] += 1
             self._write(node, effects)
             self._arrive(state, tree, node, 0, {}, effects)
-        return self._settle(state, tree, clock, effects)
+        return self._settle(state, tree, schedule, effects)
 
     # --- the tree ------------------------------------------------------------------------------------
 
@@ -215,16 +221,11 @@ class MergerCore:
             return
         state.put(NODES, old_id, None)
         if old.parent is None:  # a frontier node: swap it in place (an empty one leaves the frontier)
-            for slots in tree.levels:
-                for index, slot in enumerate(slots):
-                    if slot.node_id == old_id:
-                        if new.item_count:
-                            slots[index] = Slot(node_id=new.node_id, ready=True)
-                        else:
-                            del slots[index]
-                        break
             if new.item_count:
+                tree.swap(old_id, new.node_id)
                 state.put(NODES, new.node_id, StoredNode(node=new, newest_ms=newest))
+            else:
+                tree.drop(old_id)
             return
         state.put(NODES, new.node_id, StoredNode(node=new, parent=old.parent, newest_ms=newest))
         running = state.entry(MERGES, old.parent)
@@ -235,14 +236,13 @@ class MergerCore:
         if parent is None:
             effects.counts["replacements_unplaced"] += 1
             return
-        revising = state.entry(MERGES, parent.revising) if parent.revising is not None else None
-        if revising is not None:  # a revision of the parent is being made: it takes this change too
-            self._rebuild(state, tree, revising, _swap(revising.child_ids, old_id, new), finished, now_ms, effects)
+        revision = state.entry(MERGES, parent.running_revision) if parent.running_revision is not None else None
+        if revision is not None:  # a revision of the parent is being made: it takes this change too
+            self._rebuild(state, tree, revision, _swap(revision.child_ids, old_id, new), finished, now_ms, effects)
             return
-        base, number = revision_of(old.parent)
-        job = ParentJob(node_id=f"{base}-r{number + 1}", level=parent.node.level, children=[],
-                        job=ReduceJob(purpose="merge", entries=[]), replaces=[old.parent])
-        state.put(NODES, old.parent, parent.model_copy(update={"revising": job.node_id}))
+        job = ParentJob(node_id=str(NodeId.parse(old.parent).next_revision()), level=parent.node.level,
+                        children=[], job=ReduceJob(purpose="merge", entries=[]), replaces=[old.parent])
+        state.put(NODES, old.parent, parent.model_copy(update={"running_revision": job.node_id}))
         self._rebuild(state, tree, job, _swap(parent.node.children, old_id, new), finished, now_ms, effects)
 
     def _rebuild(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, child_ids: list[str],
@@ -255,39 +255,40 @@ class MergerCore:
         self._run_merge(state, tree, self._merge_job(job.node_id, job.level, children, job.replaces), finished,
                         now_ms, effects)
 
-    def _advance(self, state: StateTransaction, tree: SummaryTree, clock: Clock, finished: Finished, now_ms: int,
-                 effects: Effects) -> Effects:
+    def _advance(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, finished: Finished,
+                 now_ms: int, effects: Effects) -> Effects:
         for key in state.keys(MERGES):
             job = state.entry(MERGES, key)
             if job is not None:  # (a merge finished above may have completed the one after it)
                 self._run_merge(state, tree, job, finished, now_ms, effects)
         pending = state.get(GLOBAL, ParentJob)
         if pending is None and tree.needs_global():
-            due = self._global_due(clock)
+            due = self._global_due(schedule)
             if due is not None and now_ms >= due:
                 pending = self._start_global(state, tree)
             elif due is not None:
                 effects.wake(due)
         if pending is not None:
-            self._run_global(state, tree, clock, pending, finished, now_ms, effects)
-        return self._settle(state, tree, clock, effects)
+            self._run_global(state, tree, schedule, pending, finished, now_ms, effects)
+        return self._settle(state, tree, schedule, effects)
 
-    def _settle(self, state: StateTransaction, tree: SummaryTree, clock: Clock, effects: Effects) -> Effects:
+    def _settle(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule,
+                effects: Effects) -> Effects:
         state.set(TREE, tree)
-        state.set(CLOCK, clock)
-        effects.sweep(clock.next_sweep_ms)
+        state.set(SCHEDULE, schedule)
+        effects.sweep(schedule.next_sweep_ms)
         return effects
 
     # --- the global summary --------------------------------------------------------------------------
 
-    def _global_due(self, clock: Clock) -> int | None:
+    def _global_due(self, schedule: MergerSchedule) -> int | None:
         """When the next global may be made: now at the end of input; on unbounded input after the refresh
         interval; never before the end on a bounded input."""
-        if clock.ended:
+        if schedule.ended:
             return 0
         if self.refresh_ms is None:
             return None
-        since = clock.last_global_ms if clock.last_global_ms is not None else clock.first_node_ms
+        since = schedule.last_global_ms if schedule.last_global_ms is not None else schedule.first_node_ms
         return (since or 0) + self.refresh_ms
 
     def _start_global(self, state: StateTransaction, tree: SummaryTree) -> ParentJob:
@@ -297,7 +298,7 @@ class MergerCore:
                          replaces=tree.replaced_globals(),
                          job=ReduceJob(purpose="global", entries=[merge_entry(n) for n in frontier]))
 
-    def _run_global(self, state: StateTransaction, tree: SummaryTree, clock: Clock, pending: ParentJob,
+    def _run_global(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, pending: ParentJob,
                     finished: Finished, now_ms: int, effects: Effects) -> None:
         text = self._parent_text(pending, finished, now_ms, effects)
         if text is None:
@@ -308,7 +309,7 @@ class MergerCore:
         if self.keep == KEEP["batch_and_global"] and pending.children:  # its merges are not written: name
             node = node.model_copy(update={"children": tree.live_batch_ids()})  # the batches it covers
         tree.global_done([c.node_id for c in pending.children], node.version or 0)
-        clock.last_global_ms = now_ms
+        schedule.last_global_ms = now_ms
         effects.counts["globals"] += 1
         self._write(node, effects)
 
@@ -333,10 +334,9 @@ class MergerCore:
         already replaced by the node that followed it (liveness does not depend on order), so a forget need
         not name it: its size follows the memory, not how often it was revised or refreshed."""
         ids = [*tree.live_batch_ids(), *tree.live_merge_ids(), *tree.replaced_globals()]
-        kinds = {"batch": "batch-", "merge": "merge-", "global": "global-"}
-        return [i for i in ids if any(i.startswith(kinds[k]) for k in self.keep)]
+        return [i for i in ids if NodeId.parse(i).kind in self.keep]
 
-    def _forget(self, state: StateTransaction, tree: SummaryTree, clock: Clock, effects: Effects) -> None:
+    def _forget(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, effects: Effects) -> None:
         """An empty global replaces everything written before; only the id counters stay."""
         replaces = self.live_ids(tree)
         for name in (NODES, MERGES):
@@ -347,15 +347,15 @@ class MergerCore:
         tree.global_done([], version)
         node = SummaryNode(agent_id=state.key, node_id=node_id, kind="global", level=1, children=[], text="",
                            item_count=0, model=self.config.llm.model, version=version, replaces=replaces)
-        clock.first_node_ms = clock.last_global_ms = clock.next_sweep_ms = None
+        schedule.first_node_ms = schedule.last_global_ms = schedule.next_sweep_ms = None
         effects.counts["agents_forgotten"] += 1
         self._write(node, effects)
 
     def _schedule_sweep(self, state: StateTransaction, now_ms: int) -> None:
-        clock = state.get(CLOCK, Clock) or Clock()
-        if clock.next_sweep_ms is None:
-            clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
-            state.set(CLOCK, clock)
+        schedule = state.get(SCHEDULE, MergerSchedule) or MergerSchedule()
+        if schedule.next_sweep_ms is None:
+            schedule.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
+            state.set(SCHEDULE, schedule)
 
     def _hold(self, state: StateTransaction, node_ids: list[str]) -> None:
         """Nodes being made again are held: until their replacements arrive, the sweep keeps them, their
@@ -365,14 +365,14 @@ class MergerCore:
             if stored is not None and not stored.held:
                 state.put(NODES, node_id, stored.model_copy(update={"held": True}))
 
-    def _sweep(self, state: StateTransaction, tree: SummaryTree, clock: Clock, now_ms: int) -> None:
+    def _sweep(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, now_ms: int) -> None:
         """Drop merged nodes whose parent has no editable batch below it any more (the frontier stays)."""
-        if clock.next_sweep_ms is None or now_ms < clock.next_sweep_ms:
+        if schedule.next_sweep_ms is None or now_ms < schedule.next_sweep_ms:
             return
         nodes = dict(state.items(NODES))
         above_held: set[str] = set()  # merges above a batch or merge being made again: their children stay
         for stored in nodes.values():
-            parent = stored.parent if stored.held or stored.revising is not None else None
+            parent = stored.parent if stored.held or stored.running_revision is not None else None
             while parent is not None and parent not in above_held:
                 above_held.add(parent)
                 parent = nodes[parent].parent if parent in nodes else None
@@ -381,20 +381,20 @@ class MergerCore:
             if stored.parent in above_held or state.entry(MERGES, stored.parent) is not None:
                 continue  # (a parent still being made, or made again, may merge it again)
             parent = nodes.get(stored.parent)
-            if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.revising is None):
+            if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.running_revision is None):
                 state.put(NODES, key, None)
-        clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if merged else None
+        schedule.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if merged else None
 
-    def _load(self, state: StateTransaction) -> tuple[SummaryTree, Clock]:
+    def _load(self, state: StateTransaction) -> tuple[SummaryTree, MergerSchedule]:
         tree = state.get(TREE, SummaryTree) or SummaryTree()
-        clock = state.get(CLOCK, Clock)
-        if clock is None:  # one object for the whole activation: _schedule_sweep reads it from state again
-            clock = Clock()
-            state.set(CLOCK, clock)
-        self._migrate(state, tree, clock)
-        return tree, clock
+        schedule = state.get(SCHEDULE, MergerSchedule)
+        if schedule is None:  # one object for the whole activation: _schedule_sweep reads it from state again
+            schedule = MergerSchedule()
+            state.set(SCHEDULE, schedule)
+        self._migrate(state, tree, schedule)
+        return tree, schedule
 
-    def _migrate(self, state: StateTransaction, tree: SummaryTree, clock: Clock) -> None:
+    def _migrate(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule) -> None:
         """Release 0.1.0 kept the tree (with node texts) and the running jobs as two JSON values."""
         old_tree = state.legacy(LEGACY_TREE)
         if old_tree is not None:
@@ -409,7 +409,7 @@ class MergerCore:
                         slots.append(Slot(node_id=node.node_id, ready=True))
                     else:
                         slots.append(Slot(node_id=slot["job"], ready=False))
-                tree.levels.append(slots)
+                tree.restore_level(slots)
             tree.unwritten = []  # (release 0.1.0 dropped merged batches from its tree: they were all written)
             tree.merges_per_level = list(data.get("merges_per_level", []))
             tree.global_version = tree.legacy_globals = int(data.get("global_version", 0))
@@ -423,9 +423,9 @@ class MergerCore:
             if data.get("global"):  # (it replaces every global before it, which release 0.1.0 did not say)
                 job = _legacy_job(data["global"])
                 state.set(GLOBAL, job.model_copy(update={"replaces": [
-                    f"global-v{n:06d}" for n in range(1, job.version or 0)]}))
-            clock.last_global_ms = data.get("last_global_ms") or None
-            clock.first_node_ms = clock.last_global_ms
+                    str(NodeId.global_summary(n)) for n in range(1, job.version or 0)]}))
+            schedule.last_global_ms = data.get("last_global_ms") or None
+            schedule.first_node_ms = schedule.last_global_ms
             state.clear_legacy(LEGACY_JOBS)
 
 

@@ -1,4 +1,4 @@
-"""What a stage tells the next one besides its records: retract units, a node being made again, forget.
+"""What a stage tells the next one besides its records: retract units, hold nodes being made again, forget.
 
 Records between stages are JSON objects: memory units (planner -> batcher) and summary nodes (batcher ->
 merger). A control message is a JSON object with `"control"`, which neither of those has.
@@ -30,16 +30,16 @@ class ForgetAgent(_Control):
     control: Literal["forget"] = "forget"
 
 
-class Revising(_Control):
-    """Batch nodes being summarized again after a change: what their replacements will be merged with must
-    stay in the merger's state until they arrive, however long their calls take."""
+class HoldNodes(_Control):
+    """Batch nodes being summarized again after a change: the merger holds them, and what their replacements
+    will be merged with, in its state until the replacements arrive, however long their calls take."""
 
-    control: Literal["revising"] = "revising"
+    control: Literal["revising"] = "revising"  # (its wire value, also in checkpointed in-flight messages)
     node_ids: list[str]
 
 
-Control = Retract | ForgetAgent | Revising
-_CONTROLS: dict[str, type[Control]] = {"retract": Retract, "forget": ForgetAgent, "revising": Revising}
+Control = Retract | ForgetAgent | HoldNodes
+_CONTROLS: dict[str, type[Control]] = {"retract": Retract, "forget": ForgetAgent, "revising": HoldNodes}
 
 
 def control_of(payload: str) -> tuple[Control | None, dict[str, Any]]:

@@ -9,15 +9,15 @@ same groups and hits the journal. A new batch node costs O(log N) merges.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import SummaryNode
 from flink_memory.state import StateModel
+from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import entry_limit
 from flink_memory.tokens.budget import Budget
@@ -57,23 +57,17 @@ class MergeStart:
     children: list[SummaryNode]
 
 
-_REVISION = re.compile(r"^(.*?)(?:-r(\d+))?$")
-
-
-def revision_of(node_id: str) -> tuple[str, int]:
-    """`merge-L2-000003-r2` -> ("merge-L2-000003", 2); an original node is revision 0."""
-    base, number = _REVISION.match(node_id).groups()  # type: ignore[union-attr]
-    return base, int(number or 0)
-
-
 class SummaryTree(StateModel):
+    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
+
     levels: list[list[Slot]] = Field(default_factory=list)
     merges_per_level: list[int] = Field(default_factory=list)  # node ids count per level: deterministic
     global_version: int = 0
     global_children: list[str] = Field(default_factory=list)
     # every id written: batches 1..last_batch, merges by merges_per_level, globals by version, and revisions
     last_batch: int = 0
-    revised: dict[str, int] = Field(default_factory=dict)
+    # base id -> the latest revision written of it (stored as "revised")
+    latest_revision: dict[str, int] = Field(default_factory=dict, alias="revised")
     first_batch: int = 1  # the first batch of the memory as it is now (after a forget, the next one)
     # batch numbers never written, as [first, last] runs: batches leave the batcher in order, so one that is
     # skipped (all its units retracted before its summary, or dropped by a forget) never comes
@@ -88,40 +82,41 @@ class SummaryTree(StateModel):
         skipped = {seq for start, end in self.unwritten for seq in range(max(start, first), end + 1)}
         return [seq for seq in range(first, self.last_batch + 1) if seq not in skipped]
 
-    def _latest(self, base: str) -> str:
-        return f"{base}-r{self.revised[base]}" if base in self.revised else base
+    def _latest(self, base: NodeId) -> str:
+        return str(base.revised(self.latest_revision.get(str(base), 0)))
 
     def live_batch_ids(self) -> list[str]:
         """The live id of every batch of the current memory (the latest revision of each), oldest first."""
-        return [self._latest(f"batch-{seq:06d}") for seq in self.written_batches(self.first_batch)]
+        return [self._latest(NodeId.batch(seq)) for seq in self.written_batches(self.first_batch)]
 
     def live_merge_ids(self) -> list[str]:
         """The latest revision of every merge of the current memory (some may be running, not yet written)."""
         before = self.merges_before_forget
-        return [self._latest(f"merge-L{level + 1}-{n:06d}") for level, count in enumerate(self.merges_per_level)
+        return [self._latest(NodeId.merge(level + 1, n)) for level, count in enumerate(self.merges_per_level)
                 for n in range((before[level] if level < len(before) else 0) + 1, count + 1)]
 
     def replaced_globals(self) -> list[str]:
         """The globals the next global replaces: the latest one (each names the one before it), or every
         global of release 0.1.0, whose nodes named none."""
         first = 1 if self.legacy_globals else self.global_version
-        return [f"global-v{n:06d}" for n in range(max(first, 1), self.global_version + 1)]
+        return [str(NodeId.global_summary(n)) for n in range(max(first, 1), self.global_version + 1)]
 
     def forget(self) -> None:
         """The memory is dropped (an empty global replaces it): only the id counters stay."""
         self.levels, self.global_children, self.first_batch = [], [], self.last_batch + 1
         self.merges_before_forget = list(self.merges_per_level)
-        self.revised, self.unwritten, self.legacy_globals = {}, [], 0
+        self.latest_revision, self.unwritten, self.legacy_globals = {}, [], 0
 
     def note_id(self, node_id: str) -> bool:
         """Record a written id; True for a batch not seen before (it may arrive as a revision: a batch that
         took changes before it left)."""
-        base, number = revision_of(node_id)
-        if number:
-            self.revised[base] = max(number, self.revised.get(base, 0))
-        if not base.startswith("batch-"):
+        parsed = NodeId.parse(node_id)
+        if parsed.revision:
+            base = str(parsed.base)
+            self.latest_revision[base] = max(parsed.revision, self.latest_revision.get(base, 0))
+        if parsed.kind != "batch":
             return False
-        seq = int(base.split("-")[1])
+        seq = parsed.number
         if seq <= self.last_batch:
             return False
         if seq > self.last_batch + 1:
@@ -181,9 +176,34 @@ class SummaryTree(StateModel):
             while len(self.merges_per_level) < level + 1:
                 self.merges_per_level.append(0)
             self.merges_per_level[level] += 1
-            node_id = f"merge-L{level + 1}-{self.merges_per_level[level]:06d}"
+            node_id = str(NodeId.merge(level + 1, self.merges_per_level[level]))
             self._level(level + 1).append(Slot(node_id=node_id, ready=False))
             started.append(MergeStart(node_id=node_id, level=level + 1, children=group))
+
+    # --- changes -------------------------------------------------------------------------------------
+
+    def swap(self, old_id: str, new_id: str) -> None:
+        """A finished node that replaces a frontier node takes its slot, so chronology stays as it was."""
+        if (found := self._find(old_id)) is not None:
+            slots, index = found
+            slots[index] = Slot(node_id=new_id, ready=True)
+
+    def drop(self, node_id: str) -> None:
+        """A frontier node leaves the frontier (it was replaced by an empty node)."""
+        if (found := self._find(node_id)) is not None:
+            slots, index = found
+            del slots[index]
+
+    def _find(self, node_id: str) -> tuple[list[Slot], int] | None:
+        for slots in self.levels:
+            for index, slot in enumerate(slots):
+                if slot.node_id == node_id:
+                    return slots, index
+        return None
+
+    def restore_level(self, slots: list[Slot]) -> None:
+        """Append the next level up with these slots (arrival order): a frontier restored from saved state."""
+        self.levels.append(slots)
 
     # --- the global summary --------------------------------------------------------------------------
 
@@ -203,7 +223,7 @@ class SummaryTree(StateModel):
 
     def next_global_id(self) -> tuple[str, int]:
         version = self.global_version + 1
-        return f"global-v{version:06d}", version
+        return str(NodeId.global_summary(version)), version
 
     def global_done(self, children: list[str], version: int) -> None:
         self.global_children = children
