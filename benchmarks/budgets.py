@@ -97,7 +97,7 @@ def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdi
     summary_sizes = [s for b, s in zip(sent, sizes) if "response_format" not in b]
     by_kind: dict[str, list[int]] = {}
     for body, size in zip(sent, sizes):
-        kind = request_purpose(body["messages"]) or ("plan" if "response_format" in body else "calibration")
+        kind = request_purpose(body["messages"]) or "plan"
         calls, tokens = by_kind.setdefault(kind, [0, 0])
         by_kind[kind] = [calls + 1, tokens + size]
     return {"calls": len(sent), "prompt_tokens": sum(sizes), "largest_prompt": max(sizes),

@@ -129,10 +129,8 @@ def add_job_arguments(parser: argparse.ArgumentParser, latency_s: float) -> None
 
 
 def usage(stats: dict[str, float]) -> dict[str, int]:
-    """Calls of the work (the one token-calibration call at start is setup, counted apart) and tokens paid."""
-    found = {key: int(stats.get(key, 0)) for key in ("calls", "prompt_tokens", "completion_tokens")}
-    found["calls"] -= int(stats.get("calls_calibrate", 0))
-    return found
+    """Calls and tokens paid."""
+    return {key: int(stats.get(key, 0)) for key in ("calls", "prompt_tokens", "completion_tokens")}
 
 
 def single_pass(records: list[dict[str, Any]], facts: dict[str, list[str]], base_url: str,

@@ -91,11 +91,6 @@ def calls_by_kind(server: ScriptedServer) -> dict[str, int]:
     return counts
 
 
-def is_calibration(body: dict[str, Any]) -> bool:
-    """The client's one token-calibration request at start (LLMClient.calibrate), not work of the input."""
-    return body.get("max_tokens") == 1 and body["messages"][0]["content"] == "Reply with OK."
-
-
 def check_coverage(outputs: dict, expected_units: int, label: str) -> None:
     covered = sum(batch_units(outputs["summaries"]).values())
     if covered != expected_units:
@@ -108,15 +103,14 @@ def concurrency_case(workdir: Path, records: list[dict], args: argparse.Namespac
         wall, outputs = run_memory_job(
             workdir, input_path, server, f"llm.max_concurrency={args.concurrency}",
             f"batching.max_items={args.max_items}", f"summarization.fan_in={args.fan_in}", *overrides)
-        calibrations = server.calibrations
-        spans = [span for span in server.spans if not is_calibration(span[2])]  # setup, before any input
+        spans = list(server.spans)
         kinds = calls_by_kind(server)
     check_coverage(outputs, len(records), " ".join(overrides) or "defaults")
     start, end = min(s for s, _, _ in spans), max(e for _, e, _ in spans)
     busy = sum(e - s for s, e, _ in spans)
     phase = end - start
     minimum = minimum_calls(args.agents, args.items_per_agent, args.max_items, args.fan_in)
-    return {"calls": len(spans), "calibration_calls": calibrations, "calls_by_kind": kinds, "minimum_calls": minimum,
+    return {"calls": len(spans), "calls_by_kind": kinds, "minimum_calls": minimum,
             "calls_over_minimum": round(len(spans) / minimum, 3), "llm_phase_s": round(phase, 2),
             "ideal_phase_s": round(len(spans) * args.latency / args.concurrency, 2), "job_wall_s": round(wall, 2),
             "achieved_concurrency": round(busy / phase, 2),
@@ -131,7 +125,7 @@ def overhead_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
         bare = run_bare_job(workdir / "bare", input_path, server.base_url)
         ours, outputs = run_memory_job(workdir / "ours", input_path, server, *settings)
         kinds = calls_by_kind(server)
-        calls = server.count() - server.calibrations
+        calls = server.count()
     check_coverage(outputs, len(records), "overhead")
     minimum = minimum_calls(args.overhead_agents, args.overhead_items_per_agent, args.overhead_max_items, args.fan_in)
     return {"items": len(records), "agents": args.overhead_agents, "bare_s": round(bare, 2),
@@ -167,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
             results[f"concurrency_{name}"] = case
             print(f"  {name}: achieved concurrency {case['achieved_concurrency']} of {args.concurrency} "
                   f"(ratio {case['concurrency_ratio']}), LLM phase {case['llm_phase_s']} s (ideal "
-                  f"{case['ideal_phase_s']} s), {case['calls']} calls (+{case['calibration_calls']} calibration) = "
+                  f"{case['ideal_phase_s']} s), {case['calls']} calls = "
                   f"{case['calls_over_minimum']} x the minimum "
                   f"{case['minimum_calls']} {case['calls_by_kind']}", flush=True)
         print(f"overhead: {args.overhead_agents * args.overhead_items_per_agent} items of {args.overhead_agents} "

@@ -151,8 +151,7 @@ def repeated_after_kill(spans: list[tuple[float, float, dict[str, Any]]], killed
 
     After a process is killed, a request may come again only if its first answer never reached a live
     process, i.e. the call was in flight at the kill; `slack_s` covers an answer being journaled. Only
-    requests sent after the kill count: before it, two TaskManagers starting at once can each send the
-    token-calibration request (both look in the journal before either has its answer)."""
+    requests sent after the kill count."""
     first: dict[str, tuple[float, float]] = {}
     repeated = []
     for start, end, body in sorted(spans, key=lambda s: s[0]):

@@ -227,9 +227,3 @@ class ScriptedServer:
         with self._lock:
             return len(self.requests)
 
-    @property
-    def calibrations(self) -> int:
-        """Token calibration requests (one per client process without a journal answer; see LLMClient.calibrate)."""
-        with self._lock:
-            return sum(1 for body in self.requests if body.get("max_tokens") == 1
-                       and body["messages"][0]["content"] == "Reply with OK.")

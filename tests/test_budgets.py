@@ -28,11 +28,11 @@ PROVIDER = chars_per_token(4)  # close to real BPE on English
 def call(request, factory, window):
     """A provider that counts chars/4, refuses what exceeds its window and always writes max_tokens tokens.
 
-    Like the client, the counter learns from every usage report (and from every refusal's count).
+    Like the client, the counter learns from every usage report of a kind (and from every refusal's count).
     """
     messages = request.message_dicts()
     reported = prompt_count(messages, PROVIDER)
-    factory.counter.observe(messages, reported)
+    factory.counter.observe(messages, reported, request.kind)
     if reported + request.max_tokens > window:
         raise ContextOverflow(f"request ({reported} tokens) exceeds the available context size ({window} tokens)")
     if request.kind == "plan":  # one chunk per window: the most planning calls a conversation can cost

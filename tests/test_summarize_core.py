@@ -167,13 +167,13 @@ def test_merges_cut_early_when_the_next_node_would_not_fit():
 
 
 def test_merge_groups_are_packed_by_what_the_provider_reported_for_merges():
-    """Summaries full of numbers: the estimate overcounts them far more than the start-up probe's prose. Once
-    merges have reported, a group holds the fan-in of 8 where the probe's ratio (the largest of any kind)
-    took 4; before that it stays conservative."""
+    """Summaries full of numbers: the estimate overcounts them far more than prose. Once merges have
+    reported, a group holds the fan-in of 8; before that it is packed at the upper bound (4), whatever
+    another kind reported."""
     config = cfg("llm.context_window=2048", "llm.max_output_tokens=256")
     budget = RequestFactory.from_config(config.llm).budget
     calibration = budget.counter.calibration
-    calibration.observe(400, 300, "calibrate")  # prose: 0.75
+    calibration.observe(400, 300, "batch")  # another kind's report teaches merges nothing
     text = " ".join(f"{k * 7919 % 100000} 2026-03-{1 + k % 28:02d}" for k in range(24))  # ~400 characters
     before = Tree()
     assert [len(s.children) for i in range(8) for s in before.add(node(i, text=text), 8, budget)] == [4]

@@ -56,35 +56,34 @@ def test_calibration_converges_to_the_providers_count(chars):
             assert theirs <= ours <= 1.15 * theirs, (k, ours, theirs)
 
 
-def test_each_request_kind_is_packed_by_its_own_ratio_and_an_unseen_kind_by_the_largest():
-    """The start-up probe reads higher than item text here: batches must not be packed by its ratio for ever.
-    A kind with no report of its own borrows the largest ratio with a wider margin (its text may differ)."""
+def test_each_request_kind_is_packed_by_its_own_ratio_and_an_unseen_kind_at_the_upper_bound():
+    """A real vocabulary counts prose at a quarter of our estimate and dates or numbers at three quarters: no
+    kind's ratio bounds another's, so a kind with no report of its own is packed at the upper bound (1)."""
     calibration = make_calibration(EstimateTokenizer())
     assert calibration.scale_for("batch") == calibration.scale == 1.0  # the upper bound before any report
-    calibration.observe(400, 180, "calibrate")
-    probe = math.ceil(0.45 * 1.1 * 64) / 64
-    assert calibration.scale_for("batch") == calibration.scale_for("merge") == probe
+    calibration.observe(400, 100, "plan")  # another kind's text: it teaches batches and merges nothing
+    assert calibration.scale_for("batch") == calibration.scale_for("merge") == 1.0
+    assert calibration.scale_for("plan") == math.ceil(0.25 * 1.05 * 64) / 64
     calibration.observe(1000, 350, "batch")
     assert calibration.scale_for("batch") == calibration.scale_for("part") == math.ceil(0.35 * 1.05 * 64) / 64
-    assert calibration.scale_for("merge") == calibration.scale == probe  # no merge report yet: conservative
+    assert calibration.scale_for("merge") == calibration.scale == 1.0  # no merge report yet: the upper bound
     calibration.observe(1000, 380, "part")  # parts carry item text: they raise the batch ratio
     assert calibration.scale_for("batch") == math.ceil(0.38 * 1.05 * 64) / 64
-    calibration.observe(100, 60, "merge")
+    calibration.observe(100, 60, "global")  # a global is built like a merge: it calibrates merges
     assert calibration.scale_for("merge") == math.ceil(0.6 * 1.05 * 64) / 64
-    assert calibration.scale == math.ceil(0.6 * 1.1 * 64) / 64  # (any kind: the largest, unseen margin)
+    assert calibration.scale == 1.0  # (any kind: never below the upper bound an unseen kind gets)
     assert calibration.scale_for("batch") == math.ceil(0.38 * 1.05 * 64) / 64
 
 
 def test_batches_fill_the_budget_once_the_provider_has_reported_on_batches():
-    """A chars/4 provider: after the probe and one batch, a closed batch fills >= 0.875 of the prompt budget
+    """A chars/4 provider: after one batch has reported, a closed batch fills >= 0.875 of the prompt budget
     (a line and its break are scaled together: rounding them up apart left it at 0.86)."""
     with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(4)) as server:
         config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "batching.max_items=1000")
         client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=256")
-        client.calibrate()
         budget, factory = client.budget, client.requests
         limits = BatchLimits.from_config(config, budget)
-        # numbers and references: our estimate overcounts these more than the probe's prose
+        # numbers and references: our estimate overcounts these more than prose
         units = [unit_entry({"text": f"{SENTENCES[k % 3].format(k=k)} Paid {k * 37 % 9000} EUR, ref {k * 7919}.",
                              "ts": f"2026-03-{1 + k // 40:02d}T10:00:00Z"}) for k in range(400)]
         sizes = []
@@ -109,7 +108,7 @@ def test_a_length_rejection_is_repacked_smaller_and_never_lost():
         pool = CallPool(client.complete, 2)
         entries = [{"text": s.format(k=k), "from": None, "to": None} for k in range(60) for s in SENTENCES]
         # a scale already learned, so that the first packing fills the configured window
-        client.counter.calibration.observe(100, 40)
+        client.counter.calibration.observe(100, 40, "batch")
         job = ReduceJob(purpose="batch", entries=entries)
         text = run_to_end(job, factory, pool, RetryPolicy(0.01, 0.01))
         pool.close()
@@ -195,16 +194,16 @@ def test_a_restarted_client_packs_with_what_the_journal_learned(tmp_path):
     with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(4)) as server:
         first = estimate_client(server)
         first.journal = open_journal(str(tmp_path / "journal.sqlite"))
-        first.calibrate()
+        first.seed_calibration()  # an empty journal: nothing to start from, and no call
         numbers = " ".join(f"Paid {k * 37 % 9000} EUR, ref {k * 7919}." for k in range(40))  # counted high by us
         entries = [{"text": numbers, "from": None, "to": None}]
         first.complete(first.requests.build(messages_for("batch", entries, 100), prompt_version="t", kind="batch"))
         learned = first.counter.scale_for("batch")
-        assert learned < first.counter.scale_for("merge") < 1.0  # the probe's ratio is higher here
+        assert server.count() == 1 and learned < first.counter.scale_for("merge") == 1.0  # no merge report yet
         calls = server.count()
         again = estimate_client(server)
         again.journal = open_journal(str(tmp_path / "journal.sqlite"))
-        again.calibrate()  # answered from the journal, seeded with every kind's ratio
+        again.seed_calibration()  # seeded with every kind's ratio the journal kept
         assert server.count() == calls and again.counter.scale_for("batch") == learned
 
 
@@ -241,13 +240,12 @@ PROSE = ("The customer explained that the integration between the warehouse syst
 
 
 @pytest.mark.parametrize("chars", [3, 5])
-def test_the_first_batch_packed_after_the_probe_fits_the_window_whatever_its_text(chars):
-    """Before batches report, they are packed by the probe's ratio with a wider margin: prose (which the
-    estimate counts more tightly than the probe's numbers used to be) must still fit as the provider counts."""
+def test_the_first_batch_fits_the_window_whatever_its_text(chars):
+    """Before batches report, they are packed at the estimate's upper bound: prose (which the estimate counts
+    most tightly) must still fit as the provider counts."""
     with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(chars), context_window=2048) as server:
         config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "batching.max_items=1000")
         client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=256")
-        client.calibrate()
         budget, limits = client.budget, BatchLimits.from_config(config, client.budget)
         units = [unit_entry({"text": f"{PROSE} ({k})", "ts": "2026-03-01T10:00:00Z"}) for k in range(200)]
         buffer = BatchBuffer()

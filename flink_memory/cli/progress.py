@@ -10,7 +10,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-KINDS = ("calibrate", "plan", "batch", "part", "merge", "global")
+KINDS = ("plan", "batch", "part", "merge", "global")
 
 
 def _get_json(url: str) -> Any:

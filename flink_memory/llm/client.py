@@ -39,21 +39,6 @@ from flink_memory.tokens.counter import TokenCounter
 log = logging.getLogger(__name__)
 
 
-CALIBRATION_VERSION = "calibration-v2"
-# Plain prose of long words, no digits: the estimate counts it tightly (digits and dates it overcounts the
-# most), so the ratio it gives is above that of ordinary text and packing by it starts safe for such text
-# (a provider's length refusal re-packs what it still undercounts, such as runs of very long words).
-CALIBRATION_TEXT = (
-    "Throughout the afternoon the engineering department reviewed the integration between the warehouse "
-    "management system and the accounting platform, which stopped synchronizing invoices after yesterday's "
-    "maintenance window. Several customers reported delayed shipments, so the operations manager asked "
-    "everyone to prioritize the investigation, document every observation in the shared notebook, and "
-    "communicate progress regularly. Meanwhile the procurement specialists renegotiated transportation "
-    "contracts, the support representatives answered questions about refunds and replacements, and the "
-    "leadership team prepared an explanation for shareholders describing the disruption and its resolution."
-)
-
-
 # Texts of providers that reject a prompt for its length (llama.cpp, OpenAI, vLLM, Ollama: HTTP 400; Hugging
 # Face TGI: 422 "`inputs` tokens + `max_new_tokens` must be <= N"; some gateways: 413)
 _LENGTH_REJECTION = re.compile(
@@ -317,25 +302,12 @@ class LLMClient:
             except Exception as exc:  # noqa: BLE001 - a journal that cannot keep it costs packing, never a call
                 log.warning("token calibration not kept in the journal: %s", exc)
 
-    def calibrate(self) -> None:
-        """One tiny request whose `usage.prompt_tokens` calibrates an estimated count before any work is packed.
-
-        Without it, everything packed before the first answer arrives (on an input read at once, most of the
-        first batches) would be packed at the estimate's conservative upper bound, a third of the room. The
-        request is always the same, so the journal answers it on every later start: its cost is one call of
-        a few hundred prompt tokens and one output token, once. A provider that fails it changes nothing.
-        """
-        if self.counter.exact:
-            return
-        if self.journal is not None:
+    def seed_calibration(self) -> None:
+        """Start from the ratios an earlier job learned on this endpoint (kept in the journal), so a restored
+        job packs as the failed one did. Nothing is asked of the provider: a kind with no report of its own is
+        packed at the estimate's upper bound, which a probe of other text could not tighten safely."""
+        if self.journal is not None and not self.counter.exact:
             self.counter.calibration.seed(self.journal.calibration(self.calibration_name))
-        request = self.requests.build(
-            [{"role": "system", "content": "Reply with OK."}, {"role": "user", "content": CALIBRATION_TEXT}],
-            prompt_version=CALIBRATION_VERSION, max_tokens=1, kind="calibrate")
-        try:
-            self.complete(request)
-        except LLMCallError as exc:
-            log.warning("token calibration request failed (%s); counting conservatively until answers arrive", exc)
 
     @contextmanager
     def _calling(self) -> Iterator[None]:

@@ -24,7 +24,7 @@ from flink_memory.requests import ChatRequest, ChatResult
 # Which queued call a free worker takes first: calls that other work waits for before calls nothing waits
 # for (a plan holds back its agent's records, a batch its merges and global; a global ends a chain), so the
 # last chains of a run do not end with the pool half idle.
-PRIORITY = {"calibrate": 0, "plan": 1, "part": 2, "batch": 2, "merge": 3, "global": 4}
+PRIORITY = {"plan": 1, "part": 2, "batch": 2, "merge": 3, "global": 4}
 
 
 @dataclass

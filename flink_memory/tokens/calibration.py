@@ -18,20 +18,19 @@ _KIND_GROUPS = {"part": "batch", "global": "merge"}
 class Calibration:
     """Learns how the provider's count relates to ours from `usage.prompt_tokens`, per request kind.
 
-    Our estimate errs by a different factor on item text, on summaries and on plan lines, so each kind keeps
-    the largest ratio seen (provider count / our count) for its own requests; a kind with no report yet uses
-    the largest ratio of any kind (the start-up calibration request included) with `unseen_margin`, since
-    its text may be counted tighter than what was seen (prose, tables, code differ by a third), so it starts
-    conservative. The scale is that ratio plus `margin`, rounded up to 1/64 so it changes in few steps,
-    never below `floor`; before any report it is `initial` (1 for the estimate, its upper bound). A provider
-    that rejects a request for its length raises its kind's ratio to the count it reported, for this
-    process only (`rejected`: such a count may include the output, so it is never kept for later jobs).
+    Our estimate errs by a different factor on each kind of text: a real BPE vocabulary reads long prose
+    words as one token each (a quarter of our count) but digits, dates and punctuation one for one (three
+    quarters and more), so no kind's ratio bounds another's. Each kind therefore keeps the largest ratio seen
+    (provider count / our count) for its own requests, and a kind with no report of its own is packed at
+    `initial`, the estimate's upper bound (1), whatever other kinds have taught. The scale is that ratio plus
+    `margin`, rounded up to 1/64 so it changes in few steps, never below `floor`. A provider that rejects a
+    request for its length raises its kind's ratio to the count it reported, for this process only
+    (`rejected`: such a count may include the output, so it is never kept for later jobs).
     """
 
     initial: float = 1.0
     margin: float = 0.05
     floor: float = 0.1
-    unseen_margin: float = 0.1
     ratios: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, float] = field(default_factory=dict)
     reports: int = 0
@@ -43,19 +42,17 @@ class Calibration:
         return max(found) if found else None
 
     def scale_for(self, kind: str | None = None) -> float:
-        """The factor from raw counts to the provider's tokens for requests of `kind` (None: any kind)."""
-        ratio = self._own(kind) if kind else None
-        margin = self.margin
-        if ratio is None:  # no report of its own: the largest of any kind, with the wider margin
-            ratio = max([*self.ratios.values(), *self.rejected.values()], default=None)
-            margin = self.unseen_margin
-        if ratio is None:
+        """The factor from raw counts to the provider's tokens for requests of `kind` (None: of any kind)."""
+        if kind is None:
+            return max([self.initial, *(self.scale_for(k) for k in {*self.ratios, *self.rejected})])
+        ratio = self._own(kind)
+        if ratio is None:  # no report of its own: the upper bound (another kind's text may count tighter)
             return self.initial
-        return max(self.floor, math.ceil(ratio * (1 + margin) * 64) / 64)
+        return max(self.floor, math.ceil(ratio * (1 + self.margin) * 64) / 64)
 
     @property
     def scale(self) -> float:
-        """The most conservative scale: the largest ratio of any kind."""
+        """The most conservative scale: the upper bound, or a kind's learned scale where that is larger."""
         return self.scale_for(None)
 
     def snapshot(self) -> dict[str, float]:
@@ -87,5 +84,5 @@ class Calibration:
 def make_calibration(tokenizer: Tokenizer) -> Calibration:
     """Estimates start at their upper bound; exact tokenizers at 1 with a small margin for template drift."""
     if tokenizer.exact:
-        return Calibration(initial=1.0, margin=0.0, floor=1.0, unseen_margin=0.0)
+        return Calibration(initial=1.0, margin=0.0, floor=1.0)
     return Calibration(initial=1.0, margin=0.05, floor=0.1)
