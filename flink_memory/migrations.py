@@ -72,6 +72,8 @@ class Migration:
 
 # --- the planner --------------------------------------------------------------------------------------------
 
+LEGACY_QUEUE = "queue"
+
 
 def source_entry(raw: str) -> planner.SourceEntry:
     """The content digest alone ("rejected:<digest>" for a record refused under raise, which counts as not
@@ -103,9 +105,6 @@ def migrate_planner(core: planner.PlannerCore, state: StateTransaction) -> None:
     if entries:
         state.set(planner.HEAD, head)
     state.clear_legacy(LEGACY_QUEUE)
-
-
-LEGACY_QUEUE = "queue"
 
 # --- the batcher --------------------------------------------------------------------------------------------
 
