@@ -24,6 +24,7 @@ from flink_memory.stages.calls import Effects, Finished
 from flink_memory.stages.driver import END_OF_INPUT, Driver
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
+from flink_memory.stages.protocol import StageCore
 from flink_memory.state import MemoryState, StateTransaction
 from flink_memory.tokens import estimate_messages
 
@@ -79,7 +80,7 @@ def hold_plans(pipeline: Pipeline) -> InFlight:
 @dataclass
 class Stage:
     name: str
-    core: Any
+    core: StageCore
     state: MemoryState = field(default_factory=MemoryState)
 
     def __post_init__(self) -> None:
@@ -146,7 +147,8 @@ class Pipeline:
         return self.settle()
 
     def end(self) -> Pipeline:
-        """The end of a bounded input: each stage finishes each agent, then tells the next stage."""
+        """The end of a bounded input: each stage finishes each agent, then tells the next stage. (Calls are
+        answered at once here, so `settle` does what the driver's end-of-input rounds do in the shell.)"""
         for index, stage in enumerate(self.stages):
             keys = {k for k, _ in stage.state.values} | {k for k, _ in stage.state.maps}
             for key in sorted(keys):
