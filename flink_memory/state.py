@@ -5,15 +5,15 @@ name to a PyFlink ValueState or MapState of JSON text; tests use `MemoryState`. 
 `StateTransaction`, which reads through, keeps writes until the activation succeeded, and commits them at
 once: an activation that raises leaves the key's state as it found it.
 
-Layouts: version 2 is one JSON object per model with `"v": 2`. Version 1 (release 0.1.0) kept a whole stage
-as one `{"v": 1, "d": ...}` envelope per value state; `decode_state` reads it for the migration each stage
-does on a key's first activation after a restore. Any other version is refused with a clear reason.
+Layouts: version 2 is one JSON object per model with `"v": 2`. Version 1 is moved into it by
+`flink_memory.migrations` (through `legacy` and `legacy_entries`); any other version is refused with a
+clear reason.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, TypeVar
 
@@ -61,43 +61,8 @@ def load_model(model: type[M], raw: str) -> M:
         raise StateVersionError(f"operator state of {model.__name__} does not parse: {exc}") from None
 
 
-def _load_entry(model: type[M], raw: str) -> M:
-    """A map entry; one written by release 0.1.0 (no version field) goes through the model's `from_legacy`."""
-    legacy = getattr(model, "from_legacy", None)
-    if legacy is not None and not raw.startswith('{"v":'):
-        return legacy(raw)
-    return load_model(model, raw)
-
-
 def dump_model(value: BaseModel) -> str:
     return value.model_dump_json()
-
-
-# --- release 0.1.0 ---------------------------------------------------------------------------------------
-
-
-def encode_state(data: Any) -> str:
-    """A version-1 envelope (what release 0.1.0 wrote); kept for migration tests."""
-    return json.dumps({"v": LEGACY_VERSION, "d": data}, ensure_ascii=False)
-
-
-def decode_state(raw: str | None, default: Any) -> Any:
-    """The data of one version-1 value state; `default` when the key has none."""
-    if raw is None:
-        return default
-    try:
-        envelope = json.loads(raw)
-    except ValueError as exc:
-        raise StateVersionError(f"operator state is not JSON ({exc}); it was not written by flink-memory") from None
-    if not isinstance(envelope, dict) or "v" not in envelope or "d" not in envelope:
-        raise StateVersionError("operator state has no version tag; it was not written by this release's layout")
-    if envelope["v"] != LEGACY_VERSION:
-        raise StateVersionError(
-            f"operator state version {envelope['v']!r} is not readable by this release (it reads version "
-            f"{STATE_VERSION} and migrates version {LEGACY_VERSION}): restore with the release that wrote the "
-            "checkpoint, or start without --restore"
-        )
-    return envelope["d"]
 
 
 # --- schema and stores ------------------------------------------------------------------------------------
@@ -109,7 +74,13 @@ class StateSchema:
 
     values: dict[str, type[BaseModel]] = field(default_factory=dict)
     maps: dict[str, type[BaseModel] | None] = field(default_factory=dict)
-    legacy_values: tuple[str, ...] = ()  # release 0.1.0 value states, read once for migration
+    legacy_values: tuple[str, ...] = ()  # version-1 value states, read once per key for migration
+    legacy_entries: Mapping[str, Callable[[str], BaseModel]] = field(default_factory=dict)  # map -> converter
+
+
+def seq_key(seq: int) -> str:
+    """A map key for a sequence number: the map's sorted keys are then in sequence order."""
+    return f"{seq:012d}"
 
 
 class StateBackend(Protocol):
@@ -156,7 +127,7 @@ class StateTransaction:
         self._dirty_values.add(name)
 
     def legacy(self, name: str) -> str | None:
-        """A release 0.1.0 value of this key. A backend may say it has none without reading (`read_legacy`)."""
+        """A version-1 value of this key. A backend may say it has none without reading (`read_legacy`)."""
         read_legacy = getattr(self.backend, "read_legacy", None)
         return read_legacy(name, self.key) if read_legacy is not None else self.backend.read(name)
 
@@ -170,7 +141,12 @@ class StateTransaction:
         if slot not in self._entries:
             raw = self.backend.read_entry(name, key)
             model = self.schema.maps[name]
-            self._entries[slot] = None if raw is None else raw if model is None else _load_entry(model, raw)
+            if raw is None or model is None:
+                self._entries[slot] = raw
+            elif name in self.schema.legacy_entries and not raw.startswith('{"v":'):  # (a bare version-1 value)
+                self._entries[slot] = self.schema.legacy_entries[name](raw)
+            else:
+                self._entries[slot] = load_model(model, raw)
         return self._entries[slot]
 
     def put(self, name: str, key: str, value: Any) -> None:

@@ -1,9 +1,10 @@
 """The three stage cores wired like the Flink job, without Flink: millisecond tests of whole pipelines.
 
-`Pipeline` parses lines, keys them by agent and runs planner -> batcher -> merger on `MemoryState`, the
-way `flink_memory.flink.operators.StageFunction` does: it starts the calls a core asks for, answers them
-with `answer(request)` (a ChatResult, or an exception to raise as the call's error), and wakes a key again
-until nothing is left in flight. Time is a fake clock that jumps to the next deadline.
+`Pipeline` parses lines, keys them by agent and runs planner -> batcher -> merger on `MemoryState` through
+the activation driver the Flink shell uses (`flink_memory.stages.driver`): it starts the calls a core asks
+for, answers them with `answer(request)` (a ChatResult, or an exception to raise as the call's error), and
+wakes a key again until nothing is left in flight. Time is a fake clock that jumps to the next deadline.
+Faults are not counted: an error of ours is raised to the test as it is.
 """
 
 from __future__ import annotations
@@ -18,13 +19,13 @@ from flink_memory.config import Config, load_config
 from flink_memory.records import DeadLetter, parse_line
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.stages.batcher import BatcherCore
-from flink_memory.stages.calls import Effects
+from flink_memory.stages.calls import Effects, Finished
+from flink_memory.stages.driver import END_OF_INPUT, Driver
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
+from flink_memory.stages.protocol import StageCore
 from flink_memory.state import MemoryState, StateTransaction
 from flink_memory.tokens.estimate import estimate_messages
-
-END_OF_INPUT = "end-of-input"
 
 
 def cfg(*overrides: str) -> Config:
@@ -78,15 +79,21 @@ def hold_plans(pipeline: Pipeline) -> InFlight:
 @dataclass
 class Stage:
     name: str
-    core: Any
+    core: StageCore
     state: MemoryState = field(default_factory=MemoryState)
 
+    def __post_init__(self) -> None:
+        self.driver = Driver(self.core, self.name)
+
     def run(self, key: str, call: Callable[[StateTransaction], Effects]) -> Effects:
+        """Any call on the key's state (e.g. a core's `evict`), committed when it returns."""
         self.state.current_key = key
-        transaction = StateTransaction(self.core.schema, self.state, key)
-        effects = call(transaction)
-        transaction.commit()
-        return effects
+        return self.driver.transact(self.state, key, call)
+
+    def activate(self, key: str, payload: str | None, finished: Finished, now_ms: int) -> Effects:
+        """A record, END_OF_INPUT or a wake-up (None), as the shell runs it."""
+        self.state.current_key = key
+        return self.driver.activate(self.state, key, payload, finished, now_ms)
 
 
 class Pipeline:
@@ -125,8 +132,7 @@ class Pipeline:
         while self.waiting:
             for index, key in sorted(self.waiting):
                 self.waiting.discard((index, key))
-                self._activate(index, key, lambda st, s=self.stages[index]: s.core.on_wake(st, self.finished,
-                                                                                          self.now))
+                self._deliver(index, key)
         return self
 
     def advance(self, seconds: float) -> Pipeline:
@@ -136,27 +142,31 @@ class Pipeline:
         for index, key in sorted(due):
             self.deadlines.pop((index, key), None)
             self.sweeps.pop((index, key), None)
-            self._activate(index, key, lambda st, s=self.stages[index]: s.core.on_wake(st, self.finished, self.now))
+            self._deliver(index, key)
         return self.settle()
 
     def end(self) -> Pipeline:
-        """The end of a bounded input: each stage finishes each agent, then tells the next stage."""
+        """The end of a bounded input: each stage finishes each agent, then tells the next stage. (Calls are
+        answered at once here, so `settle` does what the driver's end-of-input rounds do in the shell.)"""
         for index, stage in enumerate(self.stages):
             keys = {k for k, _ in stage.state.values} | {k for k, _ in stage.state.maps}
             for key in sorted(keys):
-                self._activate(index, key, lambda st, s=stage: s.core.on_end(st, self.finished, self.now))
+                self._deliver(index, key, END_OF_INPUT)
             while self.settle().deadlines:  # backoffs: jump to them
                 self.advance(max(0, (min(self.deadlines.values()) - self.now) / 1000) + 0.001)
         return self
 
     # --- the shell -----------------------------------------------------------------------------------
 
-    def _deliver(self, index: int, key: str, payload: str) -> None:
-        stage = self.stages[index]
-        self._activate(index, key, lambda st: stage.core.on_input(st, payload, self.finished, self.now))
+    def _deliver(self, index: int, key: str, payload: str | None = None) -> None:
+        """A record, END_OF_INPUT or a wake-up (None) for one stage's key, its effects carried out."""
+        self._carry(index, key, self.stages[index].activate(key, payload, self.finished, self.now))
 
     def _activate(self, index: int, key: str, call: Callable[[StateTransaction], Effects]) -> None:
-        effects = self.stages[index].run(key, call)
+        """Any call on a stage's state for one key, its effects carried out (e.g. a core's `evict`)."""
+        self._carry(index, key, self.stages[index].run(key, call))
+
+    def _carry(self, index: int, key: str, effects: Effects) -> None:
         for request in effects.start:
             if request.digest not in self.finished:
                 self.sent.append(request)

@@ -432,7 +432,7 @@ def test_an_agent_restored_from_release_0_1_0_leaves_none_of_its_old_nodes_live(
     """Release 0.1.0 kept only the frontier (batch 5 above a merge of batches 1-4): batches missing from its
     tree were written and merged, not skipped, so a forget must still replace them. Its globals named no
     predecessor (it had no `replaces`): a forget, or the next global, replaces all of them."""
-    from flink_memory.state import encode_state
+    from flink_memory.migrations import encode_state
 
     pipeline = run("batching.max_items=1")
 

@@ -2,8 +2,9 @@
 
 import importlib.util
 
-import flink_memory.flink.operators as operators
-from flink_memory.flink.operators import _EMBEDDED_STATE, Tally, _FlinkState
+from flink_memory.flink import metrics
+from flink_memory.flink.metrics import Tally
+from flink_memory.flink.state_backend import EMBEDDED_STATE, FlinkState
 
 
 class FakeMap:
@@ -27,19 +28,19 @@ EmbeddedMap = type("MapStateImpl", (FakeMap,), {"__module__": THREAD_MODE_STATE}
 
 
 def test_thread_mode_state_is_where_the_shell_looks_for_it():
-    assert THREAD_MODE_STATE.startswith(_EMBEDDED_STATE)
+    assert THREAD_MODE_STATE.startswith(EMBEDDED_STATE)
     assert importlib.util.find_spec(THREAD_MODE_STATE) is not None
 
 
 def test_map_entries_go_in_one_call_only_where_put_all_takes_a_dict():
     entries = {"ab": "1", "cd": "2"}  # two-letter keys: process mode's put_all would unpack each as a pair
     process = FakeMap()
-    _FlinkState({}, {"m": process}).write_entries("m", entries)
+    FlinkState({}, {"m": process}).write_entries("m", entries)
     assert process.calls == ["put", "put"] and process.data == entries
     embedded = EmbeddedMap()
-    _FlinkState({}, {"m": embedded}).write_entries("m", entries)
+    FlinkState({}, {"m": embedded}).write_entries("m", entries)
     assert embedded.calls == ["put_all"] and embedded.data == entries
-    mixed = _FlinkState({}, {"a": EmbeddedMap(), "b": FakeMap()})
+    mixed = FlinkState({}, {"a": EmbeddedMap(), "b": FakeMap()})
     assert not mixed.bulk_puts
 
 
@@ -68,7 +69,7 @@ def test_metric_increments_reach_flink_summed():
     tally.add("llm_in_flight", 3)
     tally.add("llm_in_flight", -3)
     assert group.counters == {}  # nothing handed to Flink yet: each inc is a JVM call
-    clock["t"] += operators.METRIC_FLUSH_S
+    clock["t"] += metrics.METRIC_FLUSH_S
     tally.add("records_in")
     assert group.counters["records_in"].incs == [1001]
     assert "llm_in_flight" not in group.counters  # a level that came back to where it was costs no call

@@ -6,13 +6,10 @@ import math
 import pytest
 from stagekit import Pipeline, cfg, hold_plans, summary_answer
 
+from flink_memory.migrations import encode_state
 from flink_memory.requests import ContextOverflow, LLMCallError
-from flink_memory.state import (
-    MemoryState,
-    StateTransaction,
-    StateVersionError,
-    encode_state,
-)
+from flink_memory.stages.protocol import Culprit
+from flink_memory.state import MemoryState, StateTransaction, StateVersionError
 
 
 def item(agent, i, text=None, ts=None):
@@ -378,7 +375,7 @@ def test_an_error_on_a_queued_record_is_blamed_on_it_and_evicting_it_spares_the_
         pipeline.feed(item("a", 3))  # the drain reaches m1
     assert json.loads(caught.value.payload)["id"] == "m1" and caught.value.seq is not None
     planner = pipeline.stages[0]  # what the shell does when the error comes again: exactly m1 goes
-    effects = planner.run("a", lambda st: planner.core.evict(st, "internal error", caught.value.seq))
+    effects = planner.run("a", lambda st: planner.core.evict(st, "internal error", Culprit(seq=caught.value.seq)))
     assert [d.record_id for d in effects.dead_letters] == ["m1"]
     pipeline.feed(item("a", 3)).end()  # the activation again: m3 is handled, and so is everything queued
     units = pipeline.batch_units()["a"]

@@ -30,6 +30,10 @@ from flink_memory import budgets
 from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
+from flink_memory.stages.batcher import BatcherCore
+from flink_memory.stages.merger import MergerCore
+from flink_memory.stages.planner import PlannerCore
+from flink_memory.stages.protocol import CoreFactory
 
 log = logging.getLogger(__name__)
 
@@ -189,17 +193,17 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     lines = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
     parsed = lines.process(ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
 
-    def stage(upstream: DataStream, name: str, label: str, keyed_output: bool = True) -> DataStream:
-        function = StageFunction(name, config_json, output_dir, bounded, keyed_output=keyed_output)
+    def stage(upstream: DataStream, core: CoreFactory, name: str, label: str, keyed_output: bool = True) -> DataStream:
+        function = StageFunction(core, name, config_json, output_dir, bounded, keyed_output=keyed_output)
         return (
             upstream.key_by(lambda r: r[0], key_type=Types.STRING())
             .process(function, output_type=KEYED if keyed_output else Types.STRING())
             .name(label).uid(stage_uid(name, config.job.execution_mode))
         )
 
-    planned = stage(parsed, "planner", "chunk-planner")
-    batches = stage(planned, "batcher", "batch-summaries")
-    summaries = stage(batches, "merger", "hierarchical-merger", keyed_output=False)
+    planned = stage(parsed, PlannerCore, "planner", "chunk-planner")
+    batches = stage(planned, BatcherCore, "batcher", "batch-summaries")
+    summaries = stage(batches, MergerCore, "merger", "hierarchical-merger", keyed_output=False)
     dead = parsed.get_side_output(DEAD_LETTERS).union(
         planned.get_side_output(DEAD_LETTERS), batches.get_side_output(DEAD_LETTERS),
         summaries.get_side_output(DEAD_LETTERS))

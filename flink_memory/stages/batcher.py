@@ -20,14 +20,15 @@ from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
-from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
+from flink_memory.stages.protocol import Culprit
+from flink_memory.state import StateModel, StateSchema, StateTransaction
+from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
 from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.reduce import ReduceJob
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
 HOMES, DONE = "batcher_homes", "batcher_done"
-LEGACY_BUFFER, LEGACY_PENDING = "buffer", "pending"
 
 
 class BatcherMeta(StateModel):
@@ -80,8 +81,6 @@ class StoredUnit(StateModel):
     arrived_ms: int | None = None  # None: stored before arrival times travelled with the unit (see HOMES)
 
 
-def _key(seq: int) -> str:
-    return f"{seq:012d}"
 
 
 def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
@@ -94,8 +93,7 @@ def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
 
 class BatcherCore:
     schema = StateSchema(values={BUFFER: BatchBuffer, META: BatcherMeta},
-                         maps={UNITS: StoredUnit, BATCHES: PendingBatch, HOMES: UnitHome, DONE: DoneBatch},
-                         legacy_values=(LEGACY_BUFFER, LEGACY_PENDING))
+                         maps={UNITS: StoredUnit, BATCHES: PendingBatch, HOMES: UnitHome, DONE: DoneBatch})
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
@@ -152,8 +150,9 @@ class BatcherCore:
         state.set(META, meta)
         return self.on_wake(state, finished, now_ms)
 
-    def evict(self, state: StateTransaction, reason: str) -> Effects:
-        """Buffered units and unsummarized batches of this agent become dead letters; the rest goes on.
+    def evict(self, state: StateTransaction, reason: str, culprit: Culprit | None = None) -> Effects:
+        """Buffered units and unsummarized batches of this agent become dead letters, and so does the record
+        the activation brought (any of them may be the culprit); the rest goes on.
 
         A batch being summarized again (after a change) gives up too: its remaining units become dead
         letters and an empty node replaces it, so no retracted text stays live and no failing job stays."""
@@ -183,15 +182,14 @@ class BatcherCore:
                                                                  "revision": batch.revision + 1}))
         buffer.take()
         self._emit(state, meta, effects)
+        if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
+            effects.dead_letters.append(brought)
         return self._finish(state, buffer, meta, effects, 0)
 
     # --- batches -------------------------------------------------------------------------------------
 
     def _load(self, state: StateTransaction) -> tuple[BatchBuffer, BatcherMeta]:
-        buffer = state.get(BUFFER, BatchBuffer) or BatchBuffer()
-        meta = state.get(META, BatcherMeta) or BatcherMeta()
-        self._migrate(state, buffer, meta)
-        return buffer, meta
+        return state.get(BUFFER, BatchBuffer) or BatchBuffer(), state.get(META, BatcherMeta) or BatcherMeta()
 
     def _flush_due(self, buffer: BatchBuffer, meta: BatcherMeta) -> int | None:
         """When the open batch must close: now at the end of input, after the timeout on unbounded input."""
@@ -378,37 +376,6 @@ class BatcherCore:
         state.set(BUFFER, buffer if buffer.count or buffer.first else None)
         state.set(META, meta)
         return effects
-
-    def _migrate(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta) -> None:
-        """Release 0.1.0 kept the buffer and the pending batches as two JSON values: move them into the maps."""
-        old_buffer = state.legacy(LEGACY_BUFFER)
-        if old_buffer is not None:
-            data = decode_state(old_buffer, None) or {}
-            for unit in data.get("units", []):
-                state.put(UNITS, _key(buffer.next_seq), StoredUnit(unit=MemoryUnit.model_validate(unit)))
-                state.put(HOMES, unit["unit_id"], UnitHome(seq=buffer.next_seq))
-                buffer.count += 1
-                buffer.last = unit_entry(unit)
-            buffer.tokens = int(data.get("tokens", 0))
-            buffer.opened_at_ms = data.get("opened_at_ms")
-            state.clear_legacy(LEGACY_BUFFER)
-            state.set(BUFFER, buffer)
-        old_pending = state.legacy(LEGACY_PENDING)
-        if old_pending is not None:
-            data = decode_state(old_pending, None) or {}
-            meta.next_batch = int(data.get("next_seq", 1))
-            seqs = [int(b["seq"]) for b in data.get("batches", [])]
-            meta.next_emit = min(seqs) if seqs else meta.next_batch
-            for old in data.get("batches", []):  # units of release 0.1.0 batches: ids only (texts are in the job)
-                units = [MemoryUnit(agent_id=state.key, unit_id=u, source_id=u.split("#")[0], text=e["text"],
-                                    ts=e.get("from")) for u, e in zip(old["units"], old["job"]["entries"])]
-                stamps = old.get("ts") or []
-                state.put(BATCHES, _key(int(old["seq"])), PendingBatch(
-                    seq=int(old["seq"]), units=units, first_ts=stamps[0] if stamps else None,
-                    last_ts=stamps[-1] if stamps else None, job=ReduceJob.model_validate(old["job"]),
-                    text=old.get("text")))
-            state.clear_legacy(LEGACY_PENDING)
-            state.set(META, meta)
 
 
 def _dead_unit(unit: MemoryUnit, reason: str) -> DeadLetter:

@@ -2,7 +2,7 @@
 
 A job (a summary `ReduceJob`, a chunk `PlanJob`) is plain data in keyed state. `drive` moves it as far as
 finished calls allow and says what to start next; it never waits and never touches a pool, so the stage
-cores stay pure and a test answers calls with a dict. The Flink shell submits `Progress.start` to its pool,
+cores stay pure and a test answers calls with a dict. The Flink shell submits `Step.start` to its pool,
 and hands finished results back on the key's next activation.
 """
 
@@ -62,7 +62,9 @@ class RetryPolicy:
 
 
 @dataclass
-class Progress:
+class Step:
+    """How far one `drive` moved a job: done (with its value), pending calls, waiting out a backoff, failed."""
+
     state: Literal["done", "pending", "waiting", "failed"]
     value: Any = None
     error: LLMCallError | None = None
@@ -72,13 +74,13 @@ class Progress:
     rejections: int = 0
 
 
-def drive(job: CallJob, context: Any, finished: Finished, now_ms: int, retry: RetryPolicy) -> Progress:
+def drive(job: CallJob, context: Any, finished: Finished, now_ms: int, retry: RetryPolicy) -> Step:
     """Advance `job` with the finished calls; never blocks.
 
     A length refusal (ContextOverflow) re-packs the job at once; any other provider failure (LLMCallError)
     puts it to sleep with exponential backoff, and it stays in state. Anything else is a bug and is raised.
     """
-    progress = Progress("pending")
+    progress = Step("pending")
     while True:
         if job.retry_at_ms > now_ms:
             progress.state = "waiting"
@@ -150,7 +152,7 @@ class Effects:
         times = [t for t in (self.wake_at_ms, self.sweep_at_ms) if t is not None]
         return min(times) if times else None
 
-    def track(self, progress: Progress, job: CallJob) -> None:
+    def track(self, progress: Step, job: CallJob) -> None:
         """Record a drive's side effects: calls to start and wait for, results, failures, the retry time."""
         self.start.extend(progress.start)
         if progress.state == "pending":

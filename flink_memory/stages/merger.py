@@ -23,15 +23,15 @@ from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
-from flink_memory.state import StateModel, StateSchema, StateTransaction, decode_state
+from flink_memory.stages.protocol import Culprit
+from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry
+from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
 TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
 SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
-LEGACY_TREE, LEGACY_JOBS = "tree", "jobs"
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
@@ -77,7 +77,7 @@ def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
 
 class MergerCore:
     schema = StateSchema(values={TREE: SummaryTree, SCHEDULE: MergerSchedule, GLOBAL: ParentJob},
-                         maps={NODES: StoredNode, MERGES: ParentJob}, legacy_values=(LEGACY_TREE, LEGACY_JOBS))
+                         maps={NODES: StoredNode, MERGES: ParentJob})
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
@@ -119,11 +119,10 @@ class MergerCore:
         schedule.ended = True
         return self._advance(state, tree, schedule, finished, now_ms, Effects())
 
-    def evict(self, state: StateTransaction, reason: str) -> Effects:
-        """Running merges and the running global of this agent become dead letters, and each merge is made
-        without a call: its children's texts joined in order. So no child drops out of the memory, and a
-        revision given up still replaces the merge it was remaking (whose text may hold retracted facts).
-        A joined text longer than a summary is condensed by the merges above it, like any long entry."""
+    def evict(self, state: StateTransaction, reason: str, culprit: Culprit | None = None) -> Effects:
+        """Running merges, the running global and the node the activation brought become dead letters; each
+        merge is made without a call from its children's texts, joined in order (condensed above if long): no
+        child drops out, and a revision given up still replaces the merge it remade (retracted facts)."""
         effects = Effects()
         tree, schedule = self._load(state)
         if (pending := state.get(GLOBAL, ParentJob)) is not None:
@@ -141,6 +140,8 @@ class MergerCore:
             effects.counts["merges_joined"] += 1
             self._write(node, effects)
             self._arrive(state, tree, node, 0, {}, effects)
+        if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
+            effects.dead_letters.append(brought)
         return self._settle(state, tree, schedule, effects)
 
     # --- the tree ------------------------------------------------------------------------------------
@@ -329,10 +330,9 @@ class MergerCore:
     # --- forgetting and bounded state ----------------------------------------------------------------
 
     def live_ids(self, tree: SummaryTree) -> list[str]:
-        """The id of every node of this agent that may still be live, as kept by retention: the latest revision
-        of each batch and merge since the last forget, and the latest global. An older revision or global is
-        already replaced by the node that followed it (liveness does not depend on order), so a forget need
-        not name it: its size follows the memory, not how often it was revised or refreshed."""
+        """Every node of this agent that may still be live, as kept by retention: the latest revision of each
+        batch and merge since the last forget, and the latest global. An older one is already replaced by the
+        node that followed it, so a forget's size follows the memory, not how often it was revised."""
         ids = [*tree.live_batch_ids(), *tree.live_merge_ids(), *tree.replaced_globals()]
         return [i for i in ids if NodeId.parse(i).kind in self.keep]
 
@@ -391,50 +391,9 @@ class MergerCore:
         if schedule is None:  # one object for the whole activation: _schedule_sweep reads it from state again
             schedule = MergerSchedule()
             state.set(SCHEDULE, schedule)
-        self._migrate(state, tree, schedule)
         return tree, schedule
-
-    def _migrate(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule) -> None:
-        """Release 0.1.0 kept the tree (with node texts) and the running jobs as two JSON values."""
-        old_tree = state.legacy(LEGACY_TREE)
-        if old_tree is not None:
-            data = decode_state(old_tree, None) or {}
-            for level in data.get("levels", []):
-                slots = []
-                for slot in level:
-                    if slot.get("node") is not None:
-                        node = SummaryNode.model_validate(slot["node"])
-                        state.put(NODES, node.node_id, StoredNode(node=node))
-                        tree.note_id(node.node_id)
-                        slots.append(Slot(node_id=node.node_id, ready=True))
-                    else:
-                        slots.append(Slot(node_id=slot["job"], ready=False))
-                tree.restore_level(slots)
-            tree.unwritten = []  # (release 0.1.0 dropped merged batches from its tree: they were all written)
-            tree.merges_per_level = list(data.get("merges_per_level", []))
-            tree.global_version = tree.legacy_globals = int(data.get("global_version", 0))
-            tree.global_children = list(data.get("global_children", []))
-            state.clear_legacy(LEGACY_TREE)
-        old_jobs = state.legacy(LEGACY_JOBS)
-        if old_jobs is not None:
-            data = decode_state(old_jobs, None) or {}
-            for merge in data.get("merges", []):
-                state.put(MERGES, merge["node_id"], _legacy_job(merge))
-            if data.get("global"):  # (it replaces every global before it, which release 0.1.0 did not say)
-                job = _legacy_job(data["global"])
-                state.set(GLOBAL, job.model_copy(update={"replaces": [
-                    str(NodeId.global_summary(n)) for n in range(1, job.version or 0)]}))
-            schedule.last_global_ms = data.get("last_global_ms") or None
-            schedule.first_node_ms = schedule.last_global_ms
-            state.clear_legacy(LEGACY_JOBS)
 
 
 def _dead_job(job: ParentJob, reason: str, agent_id: str) -> DeadLetter:
     return DeadLetter(raw=job.model_dump_json(), reason=reason, stage="internal", agent_id=agent_id,
                       record_id=job.node_id)
-
-
-def _legacy_job(data: dict) -> ParentJob:
-    children = [ChildRef.of(SummaryNode.model_validate(c)) for c in data["children"]]
-    return ParentJob(node_id=data["node_id"], level=int(data.get("level", 0)), version=data.get("version"),
-                     children=children, job=ReduceJob.model_validate(data["job"]))

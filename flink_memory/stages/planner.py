@@ -42,11 +42,11 @@ from flink_memory.records import (
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RecordFault, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Retract
-from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, decode_state
+from flink_memory.stages.protocol import Culprit
+from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, seq_key
 from flink_memory.summarize.prompts import batch_item_room
 
 HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
-LEGACY_QUEUE = "queue"
 
 
 class QueueHead(StateModel):
@@ -62,14 +62,6 @@ class SourceEntry(StateModel):
     accepted_ms: int = 0
     sealed: bool = False
 
-    @classmethod
-    def from_legacy(cls, raw: str) -> SourceEntry:
-        """Release 0.1.0 kept the content digest alone ("rejected:<digest>" for a record refused under raise,
-        which counts as not accepted: an empty digest matches no content). It kept no unit ids, so such a
-        record is sealed: an update or deletion of it is refused with the reason, never half-applied."""
-        rejected = raw.startswith("rejected:")
-        return cls(digest="" if rejected else raw, sealed=not rejected)
-
 
 class QueuedRecord(StateModel):
     payload: str  # the record's JSON, as parsed
@@ -83,18 +75,9 @@ class PlanEntry(StateModel):
     manifest: str  # the verified manifest JSON of a plan that cost a call
     stored_ms: int = 0
 
-    @classmethod
-    def from_legacy(cls, raw: str) -> PlanEntry:
-        """Release 0.1.0 kept the manifest alone."""
-        return cls(manifest=raw)
-
 
 class PlannerClock(StateModel):
     next_sweep_ms: int | None = None
-
-
-def _key(seq: int) -> str:
-    return f"{seq:012d}"
 
 
 def _dead(record: InputRecord, reason: str, stage: str) -> DeadLetter:
@@ -110,8 +93,7 @@ def item_digest(record: InputRecord) -> str:
 
 class PlannerCore:
     schema = StateSchema(values={HEAD: QueueHead, CLOCK: PlannerClock},
-                         maps={QUEUE: QueuedRecord, SOURCES: SourceEntry, PLANS: PlanEntry},
-                         legacy_values=(LEGACY_QUEUE,))
+                         maps={QUEUE: QueuedRecord, SOURCES: SourceEntry, PLANS: PlanEntry})
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         """`bounded` is the stages' common signature; the planner has no timeouts to skip."""
@@ -133,11 +115,11 @@ class PlannerCore:
             if self._guarded(state, entry, None, finished, now_ms, effects):
                 self._sweep(state, now_ms, effects)
                 return effects
-            state.put(QUEUE, _key(head.next), entry)
+            state.put(QUEUE, seq_key(head.next), entry)
             head.next += 1
             state.set(HEAD, head)
             return effects
-        state.put(QUEUE, _key(head.next), QueuedRecord(payload=payload))
+        state.put(QUEUE, seq_key(head.next), QueuedRecord(payload=payload))
         head.next += 1
         return self._drain(state, head, finished, now_ms)
 
@@ -147,49 +129,44 @@ class PlannerCore:
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         return self.on_wake(state, finished, now_ms)
 
-    def evict(self, state: StateTransaction, reason: str, seq: int | None = None) -> Effects:
-        """The queued record `seq` (default: the head) becomes a dead letter (an error of ours kept repeating
-        on it); the records around it go on. An update it was making is undone: the version before stays."""
-        head = self._head(state)
+    def evict(self, state: StateTransaction, reason: str, culprit: Culprit | None = None) -> Effects:
+        """The culprit becomes a dead letter (an error of ours kept repeating on it); the records around it go
+        on. A queued one (`seq`; with neither seq nor payload, the head) leaves the queue, and an update it
+        was making is undone: the version before stays. A record the activation brought was not queued yet."""
+        culprit = culprit or Culprit()
         effects = Effects()
-        seq = head.first if seq is None else seq
-        entry = state.entry(QUEUE, _key(seq)) if head.first <= seq < head.next else None
+        if culprit.seq is None and culprit.payload is not None:
+            record_id = json.loads(culprit.payload).get("id")
+            effects.dead_letters.append(culprit.dead_letter(reason, state.key, record_id))  # type: ignore[arg-type]
+            return effects
+        head = self._head(state)
+        seq = head.first if culprit.seq is None else culprit.seq
+        entry = state.entry(QUEUE, seq_key(seq)) if head.first <= seq < head.next else None
         if entry is not None:
             record = record_from_json(json.loads(entry.payload))
             effects.dead_letters.append(_dead(record, reason, "internal"))
             if entry.checked:  # accepted in an earlier activation, while its plan was being made
                 state.put(SOURCES, record.id, entry.previous)
-            state.put(QUEUE, _key(seq), None)
-        while head.first < head.next and state.entry(QUEUE, _key(head.first)) is None:
+            state.put(QUEUE, seq_key(seq), None)
+        while head.first < head.next and state.entry(QUEUE, seq_key(head.first)) is None:
             head.first += 1
         state.set(HEAD, head if head.first < head.next else None)
         return effects
 
     def _head(self, state: StateTransaction) -> QueueHead:
-        head = state.get(HEAD, QueueHead) or QueueHead()
-        legacy = state.legacy(LEGACY_QUEUE)
-        if legacy is not None:  # release 0.1.0 kept the queue as one list of the same fields
-            for entry in decode_state(legacy, []):
-                job = PlanJob.model_validate(entry["job"]) if entry.get("job") else None
-                record = record_from_json(json.loads(entry["payload"]))
-                sealed = self._job_digest(job, prepare(record)) if job and isinstance(record, Conversation) else None
-                state.put(QUEUE, _key(head.next), QueuedRecord(payload=entry["payload"], job=job, job_digest=sealed,
-                                                               checked=bool(entry.get("checked"))))
-                head.next += 1
-            state.clear_legacy(LEGACY_QUEUE)
-        return head
+        return state.get(HEAD, QueueHead) or QueueHead()
 
     def _drain(self, state: StateTransaction, head: QueueHead, finished: Finished, now_ms: int) -> Effects:
         effects = Effects()
         while head.first < head.next:
-            entry = state.entry(QUEUE, _key(head.first))
+            entry = state.entry(QUEUE, seq_key(head.first))
             if entry is None:  # (a record dead-lettered out of the middle of the queue)
                 head.first += 1
                 continue
             if not self._guarded(state, entry, head.first, finished, now_ms, effects):
-                state.put(QUEUE, _key(head.first), entry)
+                state.put(QUEUE, seq_key(head.first), entry)
                 break
-            state.put(QUEUE, _key(head.first), None)
+            state.put(QUEUE, seq_key(head.first), None)
             head.first += 1
         state.set(HEAD, head if head.first < head.next else None)
         self._sweep(state, now_ms, effects)
@@ -241,7 +218,7 @@ class PlannerCore:
                 self._emit(state, record, reused, entry, now_ms, effects, store=False)
                 return True
             entry.checked = True
-        if entry.job is not None and entry.job_digest != self._job_digest(entry.job, prepared):
+        if entry.job is not None and entry.job_digest != self.job_digest(entry.job, prepared):
             effects.dead_letters.append(_dead(record, "the chunk plan in progress failed verification (tampered or "
                                                       "corrupt state), not used", "plan"))
             effects.counts["manifest_verification_failures"] += 1
@@ -253,7 +230,7 @@ class PlannerCore:
             progress = drive(job, PlanTask(self.planner, prepared), finished, now_ms, self.retry)
         except InvalidPlan as exc:
             return self._failed(state, record, prepared, f"invalid planner output: {exc}", entry, now_ms, effects)
-        entry.job_digest = self._job_digest(job, prepared)
+        entry.job_digest = self.job_digest(job, prepared)
         effects.track(progress, job)
         if progress.state == "done":
             effects.counts["plans_made"] += 1
@@ -265,7 +242,8 @@ class PlannerCore:
                                 effects)
         return False
 
-    def _job_digest(self, job: PlanJob, prepared: Prepared) -> str:
+    def job_digest(self, job: PlanJob, prepared: Prepared) -> str:
+        """Seals a plan in progress to its input and policy: state that does not match is never used."""
         return digest({"input": prepared.input_digest, "policy": self.planner.fingerprint,
                        "job": job.model_dump(mode="json", include={"cursor", "accepted", "scale", "rejections"})})
 

@@ -1,0 +1,158 @@
+"""The activation driver: how any stage core is run for one key, by the Flink shell and by the test harness.
+
+One activation loads the key's state (migrated from release 0.1.0 on the way, see `flink_memory.migrations`),
+runs the core for a record, a wake-up or the end of input, and commits the state when the core returns. The
+caller carries out the effects (starts calls, sets timers, sends outputs on).
+
+Faults: an exception of ours is raised the first time it is seen (the job restarts from its last checkpoint:
+it may have been transient); when it comes again, the core evicts the culprit (it goes to dead-letters with
+stage `internal`) and the job goes on. Who counts is injected: the shell counts through the journal, which
+survives restarts, or in a process-wide Counter; without a counter, every exception is raised as it is.
+
+End of input: each key runs END_ROUNDS rounds. Round 0 closes what is open (`on_end`); each middle round
+wakes the key, waits once for its calls and wakes it again (other keys' calls keep running meanwhile); the
+last round drives the key until nothing is in flight or scheduled. A key whose end was seen tells the next
+stage as soon as it is idle, so the next stage's end-of-input work starts while others are still finishing.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from flink_memory.digests import digest_parts
+from flink_memory.migrations import migration_of
+from flink_memory.stages.calls import Effects, Finished, RecordFault
+from flink_memory.stages.protocol import Culprit, StageCore
+from flink_memory.state import StateBackend, StateTransaction
+
+log = logging.getLogger(__name__)
+
+# Between stages: "this agent's input has ended here" (a stage's own keyed records are JSON objects).
+END_OF_INPUT = "end-of-input"
+END_ROUNDS = 8  # rounds per key at the end of input (batch, merges, global) before the last one drains
+MAX_EVICTIONS = 1000  # queued records one activation may dead-letter before it gives up (a loop guard)
+
+
+@dataclass(frozen=True)
+class Waits:
+    """How the end-of-input rounds wait: for calls (a pool's `wait`), and out a backoff (`sleep`)."""
+
+    wait: Callable[[list[str], float], None]  # (request digests, timeout in s)
+    sleep: Callable[[float], None]
+    now_ms: Callable[[], int]
+    max_s: float  # no single wait lasts longer (a call's whole timeout with its retries)
+
+    def until(self, at_ms: int) -> None:
+        self.sleep(min(self.max_s, max(0.0, (at_ms - self.now_ms()) / 1000)))
+
+
+class Driver:
+    """Runs one stage core for one key at a time (the caller sets the backend's current key)."""
+
+    def __init__(self, core: StageCore, label: str, count_fault: Callable[[str], int] | None = None) -> None:
+        self.core = core
+        self.label = label  # the stage's name in logs, dead-letter reasons and fault digests
+        self.count_fault = count_fault  # how often a fault was seen, this time included
+        self.migration = migration_of(core)
+        self.schema = self.migration.schema(core.schema) if self.migration is not None else core.schema
+        self.told: set[str] = set()  # keys whose end of input went to the next stage
+
+    # --- one activation -------------------------------------------------------------------------------
+
+    def load(self, backend: StateBackend, key: str) -> StateTransaction:
+        """The key's state, in the current layout."""
+        state = StateTransaction(self.schema, backend, key)
+        if self.migration is not None:
+            self.migration.migrate(self.core, state)
+        return state
+
+    def transact(self, backend: StateBackend, key: str, call: Callable[[StateTransaction], Effects]) -> Effects:
+        """Run `call` on the key's state and commit it; an exception leaves the state as it was."""
+        state = self.load(backend, key)
+        effects = call(state)
+        state.commit()
+        return effects
+
+    def activate(self, backend: StateBackend, key: str, payload: str | None, finished: Finished,
+                 now_ms: int) -> Effects:
+        """Run the core once: for a record (`payload`), the end of input (END_OF_INPUT) or a wake-up (None)."""
+        evicted, faults = [], 0
+        for _ in range(MAX_EVICTIONS):
+            try:
+                state = self.load(backend, key)
+                effects = self._run(state, payload, finished, now_ms)
+                state.commit()
+                break
+            except Exception as exc:  # a bug of ours for a record: a restart first, then a dead letter
+                if self.count_fault is None:
+                    raise
+                effects, again = self._fault(backend, key, exc, payload)
+                faults += 1
+                if not again:
+                    break
+                evicted.extend(effects.dead_letters)  # a queued record is out: the activation runs again
+        else:
+            raise RuntimeError(f"{self.label}: {MAX_EVICTIONS} records of agent {key} dead-lettered in one activation")
+        effects.dead_letters[:0] = evicted
+        if faults:
+            effects.counts["internal_errors"] += faults
+        return effects
+
+    def _run(self, state: StateTransaction, payload: str | None, finished: Finished, now_ms: int) -> Effects:
+        if payload is None:
+            return self.core.on_wake(state, finished, now_ms)
+        if payload == END_OF_INPUT:
+            return self.core.on_end(state, finished, now_ms)
+        return self.core.on_input(state, payload, finished, now_ms)
+
+    def _fault(self, backend: StateBackend, key: str, exc: Exception, payload: str | None) -> tuple[Effects, bool]:
+        """Raise the first time; evict the culprit when it comes again. Returns the eviction's effects, and
+        whether the activation must run again: a record evicted out of the stage's queue is not the one
+        this activation brought, which still has to be handled."""
+        held = exc if isinstance(exc, RecordFault) else None
+        brought = None if payload == END_OF_INPUT else payload
+        blamed = held.payload if held is not None else brought
+        if held is not None and isinstance(held.cause, Exception):
+            exc = held.cause
+        if self.count_fault(digest_parts([self.label, key, blamed or "wake", type(exc).__name__])) <= 1:
+            log.error("%s: error for agent %s, restarting from the last checkpoint once: %r", self.label, key, exc)
+            raise exc
+        reason = f"internal error in the {self.label} stage: {type(exc).__name__}: {exc}"
+        log.error("%s: %s; dead-lettered, the job goes on", self.label, reason)
+        state = self.load(backend, key)
+        if held is not None and held.seq is not None:  # a record the stage holds: exactly that one
+            effects = self.core.evict(state, reason, Culprit(seq=held.seq))
+            if effects.dead_letters:
+                state.commit()
+                return effects, True
+        effects = self.core.evict(state, reason, Culprit(payload=brought))
+        state.commit()
+        return effects, False
+
+    # --- the end of input -----------------------------------------------------------------------------
+
+    def end_round(self, index: int, activate: Callable[[str | None], Effects], waits: Waits) -> Effects:
+        """Round `index` (0 to END_ROUNDS - 1) of one key; `activate` runs the key once and carries out its
+        effects (see the module's docstring for the rule)."""
+        if index == 0:
+            return activate(END_OF_INPUT)
+        last = index == END_ROUNDS - 1
+        effects = activate(None)
+        while effects.waiting or (last and effects.wake_at_ms is not None):
+            if effects.waiting:
+                waits.wait([r.digest for r in effects.waiting], waits.max_s)
+            else:  # a provider failure's backoff: the same policy as in any other round
+                waits.until(effects.wake_at_ms)  # type: ignore[arg-type]
+            effects = activate(None)
+            if not last:
+                break
+        return effects
+
+    def tell_next(self, key: str, effects: Effects) -> bool:
+        """After an end-of-input activation: whether to send END_OF_INPUT on now (once per key, when idle)."""
+        if effects.idle and key not in self.told:
+            self.told.add(key)
+            return True
+        return False
