@@ -1,8 +1,8 @@
 """A real standalone Flink cluster from the apache-flink wheel's bin/ scripts, on localhost, for tests.
 
 A JobManager and N TaskManagers (one slot each) with their own conf, log, pid and tmp folders under a temp
-directory; `flink run -py` submits to it. The conf is Flink's own plus what the README tells clusters to add
-(conf/log4j-cluster.properties appended to every log4j*.properties). `stop()` kills everything it started,
+directory; `flink run -py` submits to it. The conf is Flink's own plus what docs/deployment.md tells clusters
+to add (conf/log4j-cluster.properties appended to every log4j*.properties). `stop()` kills everything it started,
 also after a failure.
 """
 

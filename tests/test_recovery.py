@@ -114,7 +114,7 @@ def test_restore_from_a_retained_checkpoint_in_a_new_process(tmp_path, baseline,
     manifests are those of a run without failure, and no call whose answer had arrived is made again.
 
     Run in both execution modes: in thread mode PyFlink registers timers at once, in process mode only
-    `job.bundle_size: 1` keeps a checkpoint from missing them (see README "Recovery").
+    `job.bundle_size: 1` keeps a checkpoint from missing them (see docs/recovery.md).
     The restored process shortens the batch timeout from 600 s to 5 s (as the end of a bounded input
     would close the tail batches): batches restored with a 600 s timer must close within `job.recheck_s`.
     Batch membership may differ from the uninterrupted run, because a timeout closed some batches

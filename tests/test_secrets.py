@@ -1,5 +1,5 @@
 """Secrets stay secret on a cluster: the job submitted with `flink run -py` to a standalone cluster set up as
-the README documents (the API key in a file named by `llm.api_key_file`, conf/log4j-cluster.properties
+docs/deployment.md documents (the API key in a file named by `llm.api_key_file`, conf/log4j-cluster.properties
 appended to Flink's log configuration). Two variables planted in every Flink process's environment stand for
 what a deployment leaves there: a database password (Flink masks PGPASSWORD in the client's dump but not in
 the TaskManagers') and a stale OPENAI_API_KEY (masked nowhere; the file must win over it). No secret may
