@@ -7,7 +7,7 @@ the conservative estimate unless a counter is given, and refuses an impossible w
 
 from __future__ import annotations
 
-from flink_memory.chunking.planner import PLAN_OUTPUT_TOKENS, ChunkPlanner
+from flink_memory.chunking.plans import PLAN_OUTPUT_TOKENS, ChunkPlanner
 from flink_memory.config import Config, ConfigError
 from flink_memory.requests import RequestFactory
 from flink_memory.summarize.prompts import Packer, batch_item_room, child_target, entry_room

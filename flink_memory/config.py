@@ -166,7 +166,7 @@ class JobConfig(_Section):
     # builds the job, which is right when every host uses the same venv path, as our image does).
     python_path: str | None = None
     # 1: each element's timers reach Flink before the next input, so a checkpoint barrier never overtakes
-    # them (PyFlink 2.3 registers a bundle's timers after the bundle ends; see README "Recovery").
+    # them (PyFlink 2.3 registers a bundle's timers after the bundle ends; see docs/recovery.md).
     bundle_size: int = Field(1, ge=1)
     bundle_time_ms: int = Field(100, ge=1)
     share_python_worker: bool = False

@@ -17,7 +17,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from flink_memory.chunking.planner import PlanJob, prepare
+from flink_memory.chunking.plans import PlanJob, prepare
 from flink_memory.records import Conversation, MemoryUnit, SummaryNode, record_from_json
 from flink_memory.stages import batcher, merger, planner
 from flink_memory.state import (

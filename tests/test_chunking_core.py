@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from flink_memory.chunking import core
 from flink_memory.chunking.manifest import ManifestMismatch, PolicyChanged, load_verified, manifest_json
-from flink_memory.chunking.planner import ChunkPlanner, PlanJob, prepare
+from flink_memory.chunking.plans import ChunkPlanner, PlanJob, prepare
 from flink_memory.config import load_config
 from flink_memory.records import Conversation, MemoryItem, TrustedConversation
 from flink_memory.requests import RequestFactory

@@ -1,7 +1,7 @@
 import pytest
 import yaml
 
-from flink_memory.chunking.planner import chunking_fingerprint
+from flink_memory.chunking.plans import chunking_fingerprint
 from flink_memory.config import PACKAGE_CONF, Config, ConfigError, load_config
 from flink_memory.summarize.prompts import summarization_fingerprint
 

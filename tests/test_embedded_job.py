@@ -9,7 +9,7 @@ from jobkit import batch_units, check_tree, run
 
 from flink_memory.chunking import core
 from flink_memory.chunking.manifest import load_verified, verify_chunks
-from flink_memory.chunking.planner import prepare
+from flink_memory.chunking.plans import prepare
 from flink_memory.records import ChunkManifest, DeadLetter, SummaryNode, parse_line
 
 pytestmark = [pytest.mark.slow, pytest.mark.embedded]

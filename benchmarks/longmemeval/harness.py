@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from flink_memory.chunking.core import group_exchanges  # noqa: E402
-from flink_memory.chunking.planner import chunking_fingerprint, chunking_policy  # noqa: E402
+from flink_memory.chunking.plans import chunking_fingerprint, chunking_policy  # noqa: E402
 from flink_memory.config import Config, load_config  # noqa: E402
 from flink_memory.digests import canonical_json, digest  # noqa: E402
 from flink_memory.llm.embedded import start_local_model  # noqa: E402

@@ -47,7 +47,7 @@ def job_config(args: argparse.Namespace) -> Config:
 def show_config(args: argparse.Namespace) -> int:
     """`config`: the effective configuration as JSON and the fingerprints of the chunking and summary policies."""
     from flink_memory import budgets
-    from flink_memory.chunking.planner import chunking_fingerprint
+    from flink_memory.chunking.plans import chunking_fingerprint
     from flink_memory.summarize.prompts import summarization_fingerprint
 
     config = load_config(args.config, args.overrides)

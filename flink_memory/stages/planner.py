@@ -27,7 +27,7 @@ from flink_memory.chunking.manifest import (
     manifest_json,
     verify_chunks,
 )
-from flink_memory.chunking.planner import ChunkPlanner, PlanJob, PlanTask, Prepared, Routed, prepare
+from flink_memory.chunking.plans import ChunkPlanner, PlanJob, PlanTask, Prepared, Routed, prepare
 from flink_memory.config import Config
 from flink_memory.digests import digest
 from flink_memory.records import (
