@@ -15,10 +15,12 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 # The sample run uses the bundled SmolLM2 on the CPU; short summaries keep it to a few minutes on 2 cores.
+# Batches of 10 merged 4 at a time give each agent of the sample a tree (batches, a merge, the global).
 run: $(STAMP)
 	rm -rf out/sample
 	$(BIN)/flink-memory run --input samples/memories.jsonl --output out/sample --parallelism 2 \
-	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite
+	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite \
+	  --set batching.max_items=10 --set summarization.fan_in=4
 
 test: $(STAMP)
 	$(BIN)/ruff check flink_memory jobs tests samples benchmarks

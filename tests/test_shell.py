@@ -85,3 +85,51 @@ def test_checkpoints_go_beside_a_remote_output_as_well_as_a_local_one(tmp_path, 
     assert _beside("s3://bucket/memory/", "_checkpoints") == "s3://bucket/memory/_checkpoints"
     assert _beside("out", "_checkpoints") == str(tmp_path / "out" / "_checkpoints")
     assert _beside(f"file://{tmp_path}/o", "_checkpoints") == str(tmp_path / "o" / "_checkpoints")
+
+
+class FakeDistribution:
+    def __init__(self) -> None:
+        self.values: list[int] = []
+
+    def update(self, value: int) -> None:
+        self.values.append(value)
+
+
+def test_calls_are_counted_when_they_end_and_once_when_their_core_consumes_them():
+    """At the end of a bounded input a core consumes results only between rounds: the counters must move as
+    the provider answers, and a result counted then must not count again when the core takes it."""
+    from flink_memory.flink.metrics import CallMeter
+    from flink_memory.requests import ChatRequest, ChatResult
+
+    clock = {"t": 0.0}
+    group = FakeGroup()
+    tally = Tally(group, clock=lambda: clock["t"])
+    meter = CallMeter(tally, FakeDistribution(), clock=lambda: clock["t"])
+    requests = [ChatRequest.build(model="m", prompt_version="t", messages=[{"role": "user", "content": str(k)}],
+                                  max_tokens=8, kind="batch") for k in range(3)]
+    meter.submitted(requests)
+    meter.submitted(requests[:1])  # (submitted again: still one call)
+    assert meter.open_calls == 3
+    done = ChatResult(text="a", prompt_tokens=10, completion_tokens=2, model="m", latency_s=1.5, kind="batch")
+    hit = ChatResult(text="b", prompt_tokens=7, completion_tokens=1, model="m", from_journal=True, kind="batch")
+    finished = {requests[0].digest: done, requests[1].digest: hit}
+    meter.sync(finished)  # too soon after the last look: nothing yet
+    assert meter.open_calls == 3
+    meter.sync(finished, force=True)
+    assert meter.open_calls == 1
+    tally.flush()
+    assert [sum(group.counters[n].incs) for n in ("llm_calls", "llm_calls_batch", "journal_hits", "llm_call_ms",
+                                                   "prompt_tokens")] == [1, 1, 1, 1500, 17]
+    late = ChatResult(text="c", prompt_tokens=5, completion_tokens=1, model="m", latency_s=0.5, kind="batch")
+    meter.consumed([done, hit, late], [r.digest for r in requests])  # `late` ended between two looks
+    tally.flush()
+    assert sum(group.counters["llm_calls"].incs) == 2 and sum(group.counters["journal_hits"].incs) == 1
+    assert sum(group.counters["prompt_tokens"].incs) == 22 and meter.open_calls == 0
+
+
+def test_time_left_is_the_open_calls_at_the_mean_latency_so_far():
+    from flink_memory.cli.progress import time_left_s
+
+    assert time_left_s({"llm_calls": 0, "llm_in_flight": 5}, 2) is None  # no latency seen yet
+    assert time_left_s({"llm_calls": 4, "llm_call_ms": 8000, "llm_in_flight": 0}, 2) is None  # nothing left
+    assert time_left_s({"llm_calls": 4, "llm_call_ms": 8000, "llm_in_flight": 5}, 2) == 6.0  # 3 rounds of 2 s

@@ -374,3 +374,18 @@ def test_the_run_report_counts_live_units_once(tmp_path):
     (tmp_path / "summaries" / "part-0").write_text("\n".join(lines) + "\n")
     # batch-1c (m1), batch-2 (m3) and batch-3 (m4) are live; batch-1 and batch-1b were replaced
     assert "memory units summarized : 3 (1 agents)" in report(str(tmp_path), 1.0)
+
+
+def test_the_run_report_ends_with_the_live_tree_of_the_agent_with_the_most_merges(tmp_path):
+    from flink_memory.cli.report import report
+
+    (tmp_path / "summaries").mkdir()
+    flat = [node("batch-1", "Zed met Yan.", "z", children=["u1"]),
+            node("global-v1", "Zed met Yan.", "z", children=["batch-1"], level=2)]
+    lines = [n.model_dump_json() for n in changing_changelog("b") + flat]
+    (tmp_path / "summaries" / "part-0").write_text("\n".join(lines) + "\n")
+    text = report(str(tmp_path), 1.0)
+    tree = text[text.index("live tree of b (1 merges):"):text.index("  global summary of b")].splitlines()[1:]
+    assert [line.split(" (")[0].strip() for line in tree] == ["global-v3", "merge-1c", "batch-1c", "batch-2"]
+    assert [len(line) - len(line.lstrip()) for line in tree] == [4, 6, 8, 8]  # indented by depth
+    assert "1 units, 2026-01-01T00:00:00Z .. 2026-01-02T00:00:00Z" in tree[2]

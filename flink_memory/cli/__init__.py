@@ -20,6 +20,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the job on a local MiniCluster")
     add_job_arguments(run)
+    run.add_argument("--progress-every", type=float, metavar="SECONDS",
+                     help="seconds between progress lines (default: 1 on a terminal, rewritten in place; 10 in a log)")
     run.set_defaults(handler=run_job)
     serve = commands.add_parser("serve-llm", help="serve the embedded model over the OpenAI API (by default "
                                 "with the configuration's llm.context_window and llm.embedded_* settings)")

@@ -32,26 +32,39 @@ def count_lines(path: str) -> int | None:
     return total
 
 
+def time_left_s(s: dict[str, float], concurrency: int) -> float | None:
+    """Seconds until the calls queued or running now are answered, at the mean latency so far (None before
+    any call ended). Work those answers start (merges, globals) comes on top."""
+    calls, open_calls = s.get("llm_calls", 0), s.get("llm_in_flight", 0)
+    if calls <= 0 or open_calls <= 0:
+        return None
+    mean_s = s.get("llm_call_ms", 0) / calls / 1000
+    return -(-open_calls // max(1, concurrency)) * mean_s
+
+
 class ProgressLine:
     """Polls the local cluster's REST API for the job's counters and reports them.
 
-    On a terminal: one line, rewritten every second. Otherwise (a log, CI): a line every 30 seconds.
+    On a terminal: one line, rewritten every second. Otherwise (a log, CI): a line every 10 seconds. Calls
+    are counted when they end (in every phase, the end of a bounded input included); once a bounded input
+    has been read, the line says how long the calls queued or running will take at the latency so far.
     """
 
     NAMES = ("records_in", "dead_letters", "units_in", "batches", "merges", "globals", "llm_in_flight",
-             "pending_keys", *(f"llm_calls_{k}" for k in KINDS))
+             "pending_keys", "llm_calls", "llm_call_ms", *(f"llm_calls_{k}" for k in KINDS))
 
-    def __init__(self, port: int, job_id: str, stream: Any = sys.stderr, total: int | None = None) -> None:
+    def __init__(self, port: int, job_id: str, stream: Any = sys.stderr, total: int | None = None,
+                 concurrency: int = 1, every_s: float | None = None) -> None:
         self.base = f"http://127.0.0.1:{port}"
         self.job_id = job_id
         self.stream = stream
         self.total = total
+        self.concurrency = concurrency
         self.tty = bool(getattr(stream, "isatty", lambda: False)())
-        self.every_s = 1.0 if self.tty else 30.0
+        self.every_s = every_s if every_s else 1.0 if self.tty else 10.0
         self.started = time.monotonic()
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
-
     def start(self) -> ProgressLine:
         self._thread.start()
         return self
@@ -86,11 +99,14 @@ class ProgressLine:
                 records += f" (input ends in ~{elapsed * (self.total - read) / read:.0f} s)"
         else:
             records = f"records {read}"
-        calls = ", ".join(f"{k} {int(s[f'llm_calls_{k}'])}" for k in KINDS if s.get(f"llm_calls_{k}"))
-        return (f"[flink-memory] {elapsed:5.0f} s | {records} | dead letters {int(s.get('dead_letters', 0))}"
+        by_kind = ", ".join(f"{k} {int(s[f'llm_calls_{k}'])}" for k in KINDS if s.get(f"llm_calls_{k}"))
+        calls = f"{int(s.get('llm_calls', 0))}" + (f" ({by_kind})" if by_kind else "")
+        line = (f"[flink-memory] {elapsed:5.0f} s | {records} | dead letters {int(s.get('dead_letters', 0))}"
                 f" | batches {int(s.get('batches', 0))} | merges {int(s.get('merges', 0))}"
-                f" | globals {int(s.get('globals', 0))} | calls {calls or 0}"
+                f" | globals {int(s.get('globals', 0))} | calls {calls}"
                 f" | in flight {int(s.get('llm_in_flight', 0))}")
+        left = time_left_s(s, self.concurrency) if self.total and read >= self.total else None
+        return line + (f" | ~{left:.0f} s left for the calls in flight" if left is not None else "")
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):

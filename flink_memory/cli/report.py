@@ -1,13 +1,16 @@
 """The report `flink-memory run` prints when the job ends: what was summarized, the LLM calls and tokens it
-cost, where the output is, and the current memory of the first agent."""
+cost, where the output is, and the live tree of the agent with the most merges (its global, merges and
+batches, with unit counts and time ranges) followed by its current memory."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from flink_memory.cli.display import tree_lines
 from flink_memory.cli.progress import KINDS
 from flink_memory.outputs import latest_globals, read_outputs
-from flink_memory.store.core import live_view
+from flink_memory.records import SummaryNode
+from flink_memory.store.core import live_view, walk_tree
 
 
 def report(output_dir: str, wall_s: float) -> str:
@@ -17,7 +20,8 @@ def report(output_dir: str, wall_s: float) -> str:
     outputs = read_outputs(output_dir)
     nodes = outputs["summaries"]
     kinds = {k: sum(1 for n in nodes if n["kind"] == k) for k in ("batch", "merge", "global")}
-    live = live_view(nodes).values()  # a revised batch and the one it replaced hold the same units once
+    live_nodes = live_view(nodes)
+    live = live_nodes.values()  # a revised batch and the one it replaced hold the same units once
     units = sum(n.item_count for n in live if n.kind == "batch")
     stats = read_stats(output_dir)
     globals_ = latest_globals(nodes)
@@ -36,8 +40,15 @@ def report(output_dir: str, wall_s: float) -> str:
         f"  output                  : {Path(output_dir).resolve()}/{{summaries,manifests,dead-letters}}",
     ]
     if globals_:
-        agent = sorted(globals_)[0]
-        node = globals_[agent]
-        lines.append(f"  global summary of {agent} (v{node['version']}, {node['item_count']} units):")
-        lines.append("    " + node["text"].strip().replace("\n", "\n    "))
+        merges = {agent: sum(1 for n in live if n.agent_id == agent and n.kind == "merge") for agent in globals_}
+        agent = min(globals_, key=lambda a: (-merges[a], a))
+        node = SummaryNode.model_validate(globals_[agent])
+
+        def children(parent: SummaryNode) -> list[SummaryNode]:
+            return [live_nodes[(agent, c)] for c in parent.children if (agent, c) in live_nodes]
+
+        lines.append(f"  live tree of {agent} ({merges[agent]} merges):")
+        lines.extend("    " + line for line in tree_lines(walk_tree(node, children), width=60))
+        lines.append(f"  global summary of {agent} (v{node.version}, {node.item_count} units):")
+        lines.append("    " + node.text.strip().replace("\n", "\n    "))
     return "\n".join(lines)

@@ -65,7 +65,8 @@ def run_job(args: argparse.Namespace) -> int:
         raise
     job_id = str(client.get_job_id())
     print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
-    progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input)).start()
+    progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input),
+                            concurrency=config.llm.max_concurrency, every_s=args.progress_every).start()
     try:
         client.get_job_execution_result().result()
     finally:

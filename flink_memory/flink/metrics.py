@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
+from flink_memory.requests import ChatRequest, ChatResult
+
 METRIC_FLUSH_S = 0.5  # metric increments are summed in Python and handed to Flink at most this often
+MAX_UNCONSUMED = 10_000  # results counted at their end and remembered until consumed, at most
+REPORT_EVERY_S = 1.0  # a stage blocked on calls (the end of a bounded input) reports at least this often
 
 
 class Tally:
@@ -34,3 +38,63 @@ class Tally:
                 self.counters[name].inc(n)
         self.pending.clear()
         self.flushed_at = self.clock()
+
+
+class CallMeter:
+    """Counts a stage function's LLM calls when they end, not when its core consumes their results.
+
+    On a bounded input the cores consume results between end-of-input rounds, which on a slow model can be
+    minutes apart: counted at consumption, `llm_calls` would stand still while the provider answers. Calls
+    are matched by request digest; a result counted here is remembered (by identity) until its core consumes
+    it, so it is counted once either way. `open_calls` is how many of this function's calls are queued or
+    running: the `llm_in_flight` level."""
+
+    def __init__(self, tally: Tally, latency: Any, clock: Callable[[], float] = time.monotonic) -> None:
+        self.tally, self.latency, self.clock = tally, latency, clock
+        self.open: dict[str, str] = {}  # digest -> kind of each submitted call not seen finished yet
+        self.counted: dict[int, ChatResult] = {}  # results counted when they ended, until consumed
+        self.synced_at = clock()
+
+    @property
+    def open_calls(self) -> int:
+        return len(self.open)
+
+    def submitted(self, requests: Iterable[ChatRequest]) -> None:
+        for request in requests:
+            self.open.setdefault(request.digest, request.kind)
+
+    def sync(self, finished: Mapping[str, ChatResult | BaseException], force: bool = False) -> None:
+        """Count the calls that ended since the last sync (at most every METRIC_FLUSH_S unless forced: it
+        looks at every open call)."""
+        if not force and self.clock() - self.synced_at < METRIC_FLUSH_S:
+            return
+        self.synced_at = self.clock()
+        for digest in [d for d in self.open if finished.get(d) is not None]:
+            del self.open[digest]
+            result = finished.get(digest)
+            if isinstance(result, ChatResult):  # (a failure is counted when its core sees it)
+                self.count(result)
+                if len(self.counted) >= MAX_UNCONSUMED:  # results no core took (e.g. an evicted key's)
+                    self.counted.clear()
+                self.counted[id(result)] = result
+
+    def consumed(self, results: Iterable[ChatResult], digests: Iterable[str]) -> None:
+        """A core consumed these: count what no sync counted yet, and stop tracking their calls."""
+        for result in results:
+            if self.counted.pop(id(result), None) is None:
+                self.count(result)
+        for digest in digests:
+            self.open.pop(digest, None)
+
+    def count(self, result: ChatResult) -> None:
+        if result.from_journal:
+            self.tally.add("journal_hits")
+        else:
+            self.tally.add("llm_calls")
+            self.tally.add(f"llm_calls_{result.kind or 'other'}")
+            self.tally.add("llm_call_ms", int(result.latency_s * 1000))
+            self.latency.update(int(result.latency_s * 1000))
+        self.tally.add("prompt_tokens", result.prompt_tokens)
+        self.tally.add("completion_tokens", result.completion_tokens)
+        if result.truncated:
+            self.tally.add("llm_truncated")

@@ -22,7 +22,7 @@ from pyflink.datastream.functions import KeyedProcessFunction, ProcessFunction, 
 from pyflink.datastream.state import MapStateDescriptor, ValueStateDescriptor
 
 from flink_memory.config import Config
-from flink_memory.flink.metrics import Tally
+from flink_memory.flink.metrics import REPORT_EVERY_S, CallMeter, Tally
 from flink_memory.flink.state_backend import FlinkState
 from flink_memory.llm.runtime import acquire_runtime, release_runtime
 from flink_memory.records import DeadLetter, parse_line
@@ -129,18 +129,16 @@ class StageFunction(KeyedProcessFunction):
         self.state = FlinkState(values, maps)
         self.recheck_ms = max(1000, int(self.config.job.recheck_s * 1000))
         wait_s = self.config.llm.timeout_s * (self.config.llm.max_retries + 1)
-        self.waits = Waits(wait=lambda digests, timeout_s: self.pool.wait(digests, timeout_s=timeout_s),
-                           sleep=time.sleep, now_ms=_now_ms, max_s=wait_s)
+        self.waits = Waits(wait=self._wait, sleep=self._sleep, now_ms=_now_ms, max_s=wait_s)
         # per key: the calls it waits for and its core's next deadline (a timer before either is skipped)
         self.pending: dict[str, tuple[list[str], int | None]] = {}
         self.armed: set[str] = set()  # agents whose end-of-input timers this subtask has registered
         self.timers: dict[str, set[int]] = {}  # per agent, times of timers registered and not yet due
-        self.in_flight = 0  # calls the pending keys wait for
         self.activations = 0
         self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
         self.tally = Tally(group)
-        self.m_latency = group.distribution("llm_latency_ms")
+        self.meter = CallMeter(self.tally, group.distribution("llm_latency_ms"))
         # levels as counters moved by the difference on every activation: a Python gauge would be called back
         # by the metrics thread, which in thread mode can run after the interpreter closed (a JVM crash)
         self.levels: dict[str, int] = {}
@@ -170,6 +168,7 @@ class StageFunction(KeyedProcessFunction):
             if waiting and not self.pool.any_done(waiting) and (deadline is None or timestamp < deadline):
                 now = _now_ms()
                 self._set_timer(ctx.timer_service(), key, self.pool.wake_at_ms(waiting, now), now)  # early: nothing yet
+                self._report_calls()
                 return
             self._run(ctx, key, None, outputs)
             yield from outputs
@@ -194,19 +193,38 @@ class StageFunction(KeyedProcessFunction):
         effects = self.driver.activate(self.state, key, payload, self.pool.finished(), now)
         for request in effects.start:
             self.pool.submit(request)
-        self.pool.forget(effects.consumed)
+        self.meter.submitted(effects.start)
         self._account(effects)
-        self.in_flight -= len(self.pending.pop(key, ([], None))[0])
+        self.pool.forget(effects.consumed)
+        self.pending.pop(key, None)
         if not effects.idle:
             self.pending[key] = ([r.digest for r in effects.waiting], effects.wake_at_ms)
-            self.in_flight += len(effects.waiting)
         self._level("pending_keys", len(self.pending))
-        self._level("llm_in_flight", self.in_flight)
+        self._report_calls()
         self._schedule(timers, key, effects, now)
         outputs.extend((key, out) if self.keyed_output else out for out in effects.out)
         outputs.extend((MANIFESTS, manifest) for manifest in effects.manifests)
         outputs.extend((DEAD_LETTERS, dead.model_dump_json()) for dead in effects.dead_letters)
         return effects
+
+    # --- waiting at the end of input -----------------------------------------------------------------
+
+    def _wait(self, digests: list[str], timeout_s: float) -> None:
+        """Wait for calls, reporting the ones that end meanwhile (every REPORT_EVERY_S)."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            left = deadline - time.monotonic()
+            self.pool.wait(digests, timeout_s=max(0.0, min(REPORT_EVERY_S, left)))
+            self._report_calls(force=True)
+            if left <= REPORT_EVERY_S or self.pool.all_done(digests):
+                return
+
+    def _sleep(self, seconds: float) -> None:
+        """Sleep out a backoff, reporting the calls that end meanwhile."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            time.sleep(min(REPORT_EVERY_S, left))
+            self._report_calls(force=True)
 
     # --- timers and metrics --------------------------------------------------------------------------
 
@@ -251,20 +269,20 @@ class StageFunction(KeyedProcessFunction):
     def _count(self, name: str, n: int = 1) -> None:
         self.tally.add(name, n)
 
+    def _report_calls(self, force: bool = False) -> None:
+        """Count the calls that ended (the meter looks at most every METRIC_FLUSH_S unless forced) and hand
+        the counters to Flink when forced: a stage blocked on calls calls nothing else that would."""
+        self.meter.sync(self.pool.finished(), force)
+        self._level("llm_in_flight", self.meter.open_calls)
+        if force:
+            self.tally.flush()
+
     def _account(self, effects: Effects) -> None:
+        self.meter.consumed(effects.results, effects.consumed)
         for result in effects.results:
-            if result.from_journal:
-                self._count("journal_hits")
-            else:
-                self._count("llm_calls")
-                self._count(f"llm_calls_{result.kind or 'other'}")
-                self.m_latency.update(int(result.latency_s * 1000))
+            if not result.from_journal:
                 self.fresh_results += 1
                 _fault_hook(self.config.job.inject_failure, "call", self.fresh_results)
-            self._count("prompt_tokens", result.prompt_tokens)
-            self._count("completion_tokens", result.completion_tokens)
-            if result.truncated:
-                self._count("llm_truncated")
         if effects.rejections:
             self._count("llm_context_rejections", effects.rejections)
             log.warning("%s: %d request(s) refused for their length, re-packed smaller", self.label,

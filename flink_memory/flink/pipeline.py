@@ -74,6 +74,9 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
     if rest_port is not None:  # local runs: the CLI reads progress from the MiniCluster's REST API
         conf.set_string("rest.bind-address", "127.0.0.1")
         conf.set_string("rest.bind-port", str(rest_port))
+        # the REST API serves metrics it fetched at most this long ago (default 10 s): the progress line
+        # shows calls as they end, so it reads them fresh
+        conf.set_string("metrics.fetcher.update-interval", "1000")
     submitted = "PYFLINK_GATEWAY_PORT" in os.environ  # started by `flink run -py`: its -pyexec decides
     if not submitted:
         conf.set_string("python.executable", sys.executable)

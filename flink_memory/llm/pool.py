@@ -115,6 +115,11 @@ class CallPool:
         with self._lock:
             return any((c := self._calls.get(d)) is None or c.future.done() for d in digests)
 
+    def all_done(self, digests: Iterable[str]) -> bool:
+        """Whether every one of these calls has finished (or is unknown here)."""
+        with self._lock:
+            return all((c := self._calls.get(d)) is None or c.future.done() for d in digests)
+
     def wake_at_ms(self, digests: Iterable[str], now_ms: int) -> int:
         """When to look at these calls again: when the first of them is expected to end."""
         now = time.monotonic()
