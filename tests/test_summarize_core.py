@@ -177,7 +177,8 @@ def test_merge_groups_are_packed_by_what_the_provider_reported_for_merges():
     text = " ".join(f"{k * 7919 % 100000} 2026-03-{1 + k % 28:02d}" for k in range(24))  # ~400 characters
     before = Tree()
     assert [len(s.children) for i in range(8) for s in before.add(node(i, text=text), 8, budget)] == [4]
-    calibration.observe(1000, 300, "global")  # a global is built like a merge: it calibrates merges too
+    calibration.observe(1000, 300, "global")  # a global is built like a merge: it calibrates merges too, once
+    calibration.observe(1000, 250, "merge")  # merges have reported themselves
     assert budget.counter.scale_for("merge") == budget.counter.scale_for("global") == math.ceil(0.3 * 1.05 * 64) / 64
     after = Tree()
     assert [len(s.children) for i in range(8) for s in after.add(node(i, text=text), 8, budget)] == [8]

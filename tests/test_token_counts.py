@@ -65,12 +65,15 @@ def test_each_request_kind_is_packed_by_its_own_ratio_and_an_unseen_kind_at_the_
     assert calibration.scale_for("batch") == calibration.scale_for("merge") == 1.0
     assert calibration.scale_for("plan") == math.ceil(0.25 * 1.05 * 64) / 64
     calibration.observe(1000, 350, "batch")
-    assert calibration.scale_for("batch") == calibration.scale_for("part") == math.ceil(0.35 * 1.05 * 64) / 64
-    assert calibration.scale_for("merge") == calibration.scale == 1.0  # no merge report yet: the upper bound
-    calibration.observe(1000, 380, "part")  # parts carry item text: they raise the batch ratio
-    assert calibration.scale_for("batch") == math.ceil(0.38 * 1.05 * 64) / 64
-    calibration.observe(100, 60, "global")  # a global is built like a merge: it calibrates merges
-    assert calibration.scale_for("merge") == math.ceil(0.6 * 1.05 * 64) / 64
+    assert calibration.scale_for("batch") == math.ceil(0.35 * 1.05 * 64) / 64
+    assert calibration.scale_for("part") == calibration.scale_for("merge") == calibration.scale == 1.0  # no report
+    calibration.observe(1000, 380, "part")  # parts carry item text: once both reported, the larger ratio packs
+    assert calibration.scale_for("batch") == calibration.scale_for("part") == math.ceil(0.38 * 1.05 * 64) / 64
+    calibration.observe(100, 60, "global")  # a global is built like a merge, but merges have not reported
+    assert calibration.scale_for("global") == math.ceil(0.6 * 1.05 * 64) / 64
+    assert calibration.scale_for("merge") == 1.0
+    calibration.observe(100, 40, "merge")
+    assert calibration.scale_for("merge") == calibration.scale_for("global") == math.ceil(0.6 * 1.05 * 64) / 64
     assert calibration.scale == 1.0  # (any kind: never below the upper bound an unseen kind gets)
     assert calibration.scale_for("batch") == math.ceil(0.38 * 1.05 * 64) / 64
 
@@ -107,8 +110,10 @@ def test_a_length_rejection_is_repacked_smaller_and_never_lost():
         factory = client.requests
         pool = CallPool(client.complete, 2)
         entries = [{"text": s.format(k=k), "from": None, "to": None} for k in range(60) for s in SENTENCES]
-        # a scale already learned, so that the first packing fills the configured window
+        # a scale already learned (for batches and the parts their rounds send), so that the first packing
+        # fills the configured window
         client.counter.calibration.observe(100, 40, "batch")
+        client.counter.calibration.observe(100, 40, "part")
         job = ReduceJob(purpose="batch", entries=entries)
         text = run_to_end(job, factory, pool, RetryPolicy(0.01, 0.01))
         pool.close()

@@ -58,6 +58,9 @@ class ReduceJob(StateModel):
     entries: list[dict[str, Any]]
     target_tokens: int | None = None  # length asked of the final summary; None: llm.max_output_tokens
     scale: float | None = None  # the counter's scale when this round was first packed (kept for replays)
+    # the scale the round's part requests are packed at, when they are parts (kept for replays): never below
+    # what parts have taught, which before their first report is the upper bound
+    round_scale: float | None = None
     round: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -80,21 +83,31 @@ class ReduceJob(StateModel):
     def _plan(self, budget: Budget) -> tuple[bool, list[list[dict[str, Any]]]]:
         if self.scale is None:
             self.scale = budget.counter.scale_for(self.purpose)
-        room = entry_limit(budget, self.purpose, self.scale)
-        alone = Packer(budget.counter, self.scale)  # (empty: each entry is costed with its date line)
+        final, groups = self._plan_at(budget, self.scale)
+        if final or self._round_purpose == self.purpose:
+            return final, groups
+        if self.round_scale is None:
+            self.round_scale = max(self.scale, budget.counter.scale_for(self._round_purpose))
+        if self.round_scale > self.scale:  # (more entries per token: never final where the job's scale is not)
+            return False, self._plan_at(budget, self.round_scale)[1]
+        return False, groups
+
+    def _plan_at(self, budget: Budget, scale: float) -> tuple[bool, list[list[dict[str, Any]]]]:
+        room = entry_limit(budget, self.purpose, scale)
+        alone = Packer(budget.counter, scale)  # (empty: each entry is costed with its date line)
         expanded: list[dict[str, Any]] = []
         for entry in self.entries:
             fits = alone.cost(entry) <= room
             expanded.extend([entry] if fits else _split_entry(entry, room, alone))
-        whole = Packer(budget.counter, self.scale)
+        whole = Packer(budget.counter, scale)
         if len(expanded) == len(self.entries) and sum(whole.add(e) for e in expanded) <= room:
             return True, [expanded]
         groups: list[list[dict[str, Any]]] = [[]]
-        packer = Packer(budget.counter, self.scale)
+        packer = Packer(budget.counter, scale)
         for entry in expanded:
             if groups[-1] and packer.used + packer.cost(entry) > room:
                 groups.append([])
-                packer = Packer(budget.counter, self.scale)
+                packer = Packer(budget.counter, scale)
             groups[-1].append(entry)
             packer.add(entry)
         return False, groups
@@ -112,8 +125,9 @@ class ReduceJob(StateModel):
             return [factory.build(messages_for(self.purpose, groups[0], self._final_target(budget)),
                                   prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale, kind=self.purpose)]
         target = self._round_target(budget, len(groups))
+        scale = max(self.scale or 0.0, self.round_scale or 0.0)
         return [factory.build(messages_for(self._round_purpose, group, target),
-                              prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale, kind=self._round_purpose)
+                              prompt_version=SUMMARY_PROMPT_VERSION, scale=scale, kind=self._round_purpose)
                 for group in groups]
 
     def advance(self, factory: RequestFactory, results: list[ChatResult]) -> str | None:
@@ -136,6 +150,7 @@ class ReduceJob(StateModel):
         self.entries = [_condensed(group, result.text) for group, result in zip(groups, results)]
         # the next round is packed by what the counter has learned meanwhile (kept in state from then on)
         self.scale = max(factory.budget.counter.scale_for(self.purpose), self.scale or 0.0) if self.rejections else None
+        self.round_scale = None
         return None
 
     def rejected(self, factory: RequestFactory) -> bool:
@@ -144,6 +159,7 @@ class ReduceJob(StateModel):
             return False
         self.rejections += 1
         self.scale = max((self.scale or 1.0) * 1.25, factory.budget.counter.scale_for(self.purpose))
+        self.round_scale = None
         return True
 
 

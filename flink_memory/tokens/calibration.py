@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from flink_memory.tokens.tokenizer import Tokenizer
 
 # A part request carries slices of item text, as a batch request does; a global is built like a merge (a
-# frame, then dated summaries): each pair calibrates together.
+# frame, then dated summaries): once each kind of a pair has reported, it packs by the larger of the two.
 _KIND_GROUPS = {"part": "batch", "global": "merge"}
 
 
@@ -22,7 +22,8 @@ class Calibration:
     words as one token each (a quarter of our count) but digits, dates and punctuation one for one (three
     quarters and more), so no kind's ratio bounds another's. Each kind therefore keeps the largest ratio seen
     (provider count / our count) for its own requests, and a kind with no report of its own is packed at
-    `initial`, the estimate's upper bound (1), whatever other kinds have taught. The scale is that ratio plus
+    `initial`, the estimate's upper bound (1), whatever other kinds have taught; a kind that has reported
+    packs by the largest ratio of its pair (part and batch, global and merge). The scale is that ratio plus
     `margin`, rounded up to 1/64 so it changes in few steps, never below `floor`. A provider that rejects a
     request for its length raises its kind's ratio to the count it reported, for this process only
     (`rejected`: such a count may include the output, so it is never kept for later jobs).
@@ -37,9 +38,12 @@ class Calibration:
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def _own(self, kind: str) -> float | None:
+        """The ratio a kind that has reported packs by (None: no report of its own yet)."""
+        if kind not in self.ratios and kind not in self.rejected:
+            return None
         group = _KIND_GROUPS.get(kind, kind)
-        found = [r for r in (self.ratios.get(group), self.rejected.get(group)) if r is not None]
-        return max(found) if found else None
+        return max(ratio for learned in (self.ratios, self.rejected) for k, ratio in list(learned.items())
+                   if _KIND_GROUPS.get(k, k) == group)
 
     def scale_for(self, kind: str | None = None) -> float:
         """The factor from raw counts to the provider's tokens for requests of `kind` (None: of any kind)."""
@@ -63,22 +67,20 @@ class Calibration:
         """Learn from one report; True when a kept ratio grew (worth keeping for the next start)."""
         if ours <= 0 or reported <= 0:
             return False
-        group = _KIND_GROUPS.get(kind, kind)
         learned = self.rejected if rejection else self.ratios
         with self._lock:
             self.reports += 1
-            grew = reported / ours > learned.get(group, 0.0)
+            grew = reported / ours > learned.get(kind, 0.0)
             if grew:
-                learned[group] = reported / ours
+                learned[kind] = reported / ours
             return grew and not rejection
 
     def seed(self, ratios: Mapping[str, float]) -> None:
         """Start from ratios learned before (kept in the journal): a restored job packs as the failed one did."""
         with self._lock:
             for kind, ratio in ratios.items():
-                group = _KIND_GROUPS.get(kind, kind)  # (a kind that calibrates with another joins its ratio)
                 if ratio > 0:
-                    self.ratios[group] = max(self.ratios.get(group, 0.0), ratio)
+                    self.ratios[kind] = max(self.ratios.get(kind, 0.0), ratio)
 
 
 def make_calibration(tokenizer: Tokenizer) -> Calibration:
