@@ -6,10 +6,13 @@ its estimate (`llm.tokenizer: estimate`) and calibrates from the server's `usage
 records every request as the server counted it (prompt tokens + max_tokens) and every refusal for length.
 Input: mixed notes of several agents (names, dates, amounts, a few non-ASCII lines) at the default
 `batching.max_items`. `--baseline-src DIR` runs the same job from another checkout (e.g. the previous
-release) in the same script and prints both, with ratios.
+release) in the same script and prints both, with ratios; its workers must import that checkout, so give an
+interpreter without an editable install of this one, in process mode (a thread-mode worker's path is the
+job's `python.pythonpath`, which an editable install shadows).
 
     python benchmarks/calibration.py                                  # 5 agents x 60 notes
-    python benchmarks/calibration.py --baseline-src /path/to/old/checkout --json out/calibration.json
+    python benchmarks/calibration.py --baseline-src ../old --python ../plain-venv/bin/python \
+        --set job.execution_mode=process --json out/calibration.json
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ NAMES = ["Greta", "Selquisel Marbonne", "Okonkwo", "Dana", "Chen Wei", "Farah Ha
 PLACES = ["Lisbon", "Kraków", "Osaka", "Nairobi", "São Paulo", "Zürich"]
 
 
-def note(rng: random.Random, i: int) -> str:
+def sentence(rng: random.Random, i: int) -> str:
     who, other, place = rng.choice(NAMES), rng.choice(NAMES), rng.choice(PLACES)
     return rng.choice([
         f"{who}'s daughter turns {rng.randint(2, 17)} on 2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}.",
@@ -51,6 +54,11 @@ def note(rng: random.Random, i: int) -> str:
         f"The user wants to visit {place} again and keep the budget under {rng.randint(500, 5000)} EUR.",
         f"{who} moved the launch review to week {rng.randint(1, 52)} after talking to {other}.",
     ]) + (f" ({i})" if rng.random() < 0.3 else "")
+
+
+def note(rng: random.Random, i: int) -> str:
+    """A note of one to five sentences (most notes carry a few facts)."""
+    return " ".join(sentence(rng, i) for _ in range(rng.choice([1, 2, 3, 4, 5])))
 
 
 def dataset(agents: int, per_agent: int, seed: int = 23) -> list[dict[str, Any]]:
@@ -118,8 +126,8 @@ def run(label: str, source: Path, input_path: Path, workdir: Path, proxy: Counti
     settings = ["llm.provider=openai", f"llm.base_url={proxy.base_url}", "llm.model=smollm2",
                 "llm.tokenizer=estimate", f"llm.context_window={args.window}",
                 f"llm.max_output_tokens={args.output}", f"llm.max_concurrency={args.parallel}", "journal.path=null"]
-    command = [sys.executable, "-m", "flink_memory.cli", "run", "--input", str(input_path), "--output", str(out)]
-    for setting in settings:
+    command = [args.python, "-m", "flink_memory.cli", "run", "--input", str(input_path), "--output", str(out)]
+    for setting in settings + args.overrides:
         command += ["--set", setting]
     env = dict(os.environ, PYTHONPATH=str(source))  # the checkout whose code runs
     before = len(proxy.log)
@@ -149,6 +157,10 @@ def main() -> None:
     parser.add_argument("--output", type=int, default=256)
     parser.add_argument("--parallel", type=int, default=2)
     parser.add_argument("--baseline-src", type=Path, help="a checkout to run the same job from, first")
+    parser.add_argument("--python", default=sys.executable,
+                        help="interpreter of both runs: for --baseline-src, one that imports flink_memory from "
+                             "PYTHONPATH only (not an editable install of this checkout)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], help="a setting of both runs")
     parser.add_argument("--timeout-s", type=float, default=3600)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args()
