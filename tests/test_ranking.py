@@ -2,9 +2,8 @@
 
 import pytest
 
-from flink_memory.store.core import query_terms
+from flink_memory.store.core import SPECIFICITY, query_terms
 from flink_memory.store.ranking import (
-    SPECIFICITY,
     Candidate,
     cosine,
     idf,

@@ -25,7 +25,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-SPECIFICITY = 0.8
+from flink_memory.store.core import SPECIFICITY
+
 K1, B = 1.2, 0.75
 RRF_K = 60
 KEYWORD_WEIGHT = 0.5
