@@ -135,3 +135,20 @@ def test_sqlite_and_postgres_give_the_same_top_results(tmp_path, postgres_url):
                             for mode in ("keyword", "vector", "hybrid")])
     assert results[0] == results[1]
     assert results[0][0][0] == "Carol-2"
+
+
+def test_the_cli_recalls_by_mode_and_refuses_vectors_of_another_model(tmp_path, capsys):
+    from flink_memory.cli import main
+
+    location = str(tmp_path / "memory.sqlite")
+    with open_store(location, create=True, embedder=Hashed()) as store:
+        store.upsert_units([unit("m1", "Rex is a beagle.")])
+    assert main(["recall", "a", "beagle", "--store", location, "--mode", "keyword", "--json"]) == 0
+    out, _ = capsys.readouterr()
+    assert '"kind":"unit"' in out and '"node_id":"m1"' in out
+    # the default mode is hybrid on a store with vectors: the configured model is not the store's
+    assert main(["recall", "a", "beagle", "--store", location, "--set", "embeddings.model=nope"]) == 3
+    assert "not a bundled model" in capsys.readouterr().err
+    assert main(["recall", "a", "beagle", "--store", location, "--mode", "vector",
+                 "--set", "embeddings.provider=none"]) == 3
+    assert "needs an embedding model" in capsys.readouterr().err
