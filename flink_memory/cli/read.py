@@ -7,7 +7,7 @@ import argparse
 import sys
 
 from flink_memory.cli.display import describe, recall_table, tree_lines
-from flink_memory.store import StoreError, open_store
+from flink_memory.store import MemoryStore, Recalled, StoreError, open_store
 from flink_memory.store.core import walk_tree
 
 # Exit codes of `show` and `recall` (0: printed); 2 is argparse's for a wrong command line.
@@ -17,6 +17,20 @@ NO_MATCH, STORE_UNAVAILABLE, NO_MEMORY = 1, 3, 4
 def _fail(code: int, message: str) -> int:
     print(f"flink-memory: {message}", file=sys.stderr)
     return code
+
+
+def recall(store: MemoryStore, args: argparse.Namespace) -> list[Recalled]:
+    """`recall`: by meaning too when the store holds vectors (or --mode asks), with the configured model."""
+    mode = args.mode or ("hybrid" if store.embedding_model() else "keyword")
+    if mode != "keyword":
+        from flink_memory.config import load_config
+        from flink_memory.embeddings import EmbeddingError, embedder_for
+
+        try:
+            store.embedder = embedder_for(load_config(args.config, args.overrides).embeddings)
+        except EmbeddingError as exc:
+            raise StoreError(str(exc)) from None
+    return store.recall(args.agent, args.query, k=args.k, mode=mode)
 
 
 def read_memory(args: argparse.Namespace) -> int:
@@ -33,7 +47,10 @@ def read_memory(args: argparse.Namespace) -> int:
         if current is not None and current.item_count == 0:
             forgotten = f"agent {args.agent!r} has an empty memory ({current.node_id}: forgotten)"
         if args.command == "recall":  # (after a forget, new input may be in batch nodes before the next global)
-            hits = store.recall(args.agent, args.query, k=args.k)
+            try:
+                hits = recall(store, args)
+            except StoreError as exc:
+                return _fail(STORE_UNAVAILABLE, str(exc))
             if not hits and forgotten:
                 return _fail(NO_MEMORY, forgotten)
             if not hits:

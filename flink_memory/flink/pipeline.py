@@ -238,5 +238,5 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
     add_file_sinks(streams, output_dir)
     store_url = config.store.location(output_dir)
     if store_url:
-        add_store_sink(streams, store_url)
+        add_store_sink(streams, store_url, config.embeddings)
     return env

@@ -2,8 +2,10 @@
 
 Terminal and at-least-once by design: a node is written when it is produced, not when a checkpoint
 completes, and a replay after a failure writes the nodes again under the same (agent_id, node_id), which
-the store's idempotent upsert turns into the same rows (flink_memory.store). Reuse it in other jobs beside
-`add_file_sinks`: `add_store_sink(streams, "postgresql://...")`.
+the store's idempotent upsert turns into the same rows (flink_memory.store). With `embeddings` (a provider
+other than none) each written row is embedded right after its write, reusing the vector of a live row with
+the same text; a row not yet embedded is found by keyword meanwhile. Reuse it in other jobs beside
+`add_file_sinks`: `add_store_sink(streams, "postgresql://...", config.embeddings)`.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 from pyflink.datastream import DataStream, ProcessFunction, RuntimeContext
 
+from flink_memory.config import EmbeddingsConfig
+from flink_memory.embeddings import embedder_for
 from flink_memory.store import MemoryStore, open_store
 
 if TYPE_CHECKING:
@@ -24,12 +28,14 @@ STORE_SINK_UID = "flink-memory-sink-store"
 class UpsertNodes(ProcessFunction):
     """Opens the store in each subtask (creating the schema once) and upserts every node it receives."""
 
-    def __init__(self, url: str) -> None:
+    def __init__(self, url: str, embeddings: EmbeddingsConfig | None = None) -> None:
         self.url = url
+        self.embeddings = embeddings
         self.store: MemoryStore | None = None
 
     def open(self, runtime_context: RuntimeContext) -> None:
-        self.store = open_store(self.url, create=True)
+        embedder = embedder_for(self.embeddings) if self.embeddings is not None else None
+        self.store = open_store(self.url, create=True, embedder=embedder)
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
         assert self.store is not None
@@ -41,7 +47,8 @@ class UpsertNodes(ProcessFunction):
             self.store = None
 
 
-def add_store_sink(streams: MemoryStreams, url: str) -> DataStream:
+def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None) -> DataStream:
     """Write `streams.summaries` (summary-node JSON strings) into the store at `url` (SQLite path or
-    postgresql:// URL). Returns the terminal operator's (empty) stream."""
-    return streams.summaries.process(UpsertNodes(url)).name("sink-store").uid(STORE_SINK_UID)
+    postgresql:// URL), embedded with `embeddings` (None: no vectors). Returns the terminal operator's
+    (empty) stream."""
+    return streams.summaries.process(UpsertNodes(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)

