@@ -152,3 +152,20 @@ def test_the_cli_recalls_by_mode_and_refuses_vectors_of_another_model(tmp_path, 
     assert main(["recall", "a", "beagle", "--store", location, "--mode", "vector",
                  "--set", "embeddings.provider=none"]) == 3
     assert "needs an embedding model" in capsys.readouterr().err
+
+
+def test_rows_written_without_waiting_get_their_vectors_from_the_backfill(location):
+    """The job's sink writes rows and names their agents; vectors follow on a thread of their own, and
+    closing the backfill leaves every row embedded."""
+    from flink_memory.store.backfill import VectorBackfill
+
+    with open_store(location, create=True) as store:
+        vectors = VectorBackfill(location, Hashed())
+        for k in range(5):
+            store.upsert([batch(f"batch-{k}", [f"m{k}"], f"Alice paid {k} EUR for the boat.", agent=f"a{k % 2}")])
+            store.upsert_units([unit(f"m{k}", f"Alice paid {k} EUR.", agent=f"a{k % 2}")])
+            vectors.name([f"a{k % 2}"])
+        vectors.close(timeout_s=60)
+        rows = store._fetch(store._sql(f"SELECT text, vector FROM {NODES}"), ())
+    assert len(rows) == 10 and all(vector is not None for _, vector in rows)
+    assert vectors.embedded == 10 and vectors.lag == 0

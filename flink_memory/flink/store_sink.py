@@ -3,8 +3,9 @@
 Terminal and at-least-once by design: a node is written when it is produced, not when a checkpoint
 completes, and a replay after a failure writes the nodes again under the same (agent_id, node_id), which
 the store's idempotent upsert turns into the same rows (flink_memory.store). With `embeddings` (a provider
-other than none) each written row is embedded right after its write, reusing the vector of a live row with
-the same text; a row not yet embedded is found by keyword meanwhile. Reuse it in other jobs beside
+other than none) the written rows are embedded on a thread of their own (flink_memory.store.backfill),
+reusing the vector of a live row with the same text: no node waits for its vector, and a row not yet
+embedded is found by keyword meanwhile; the sink's close waits until every row has its vector. Reuse it in other jobs beside
 `add_file_sinks`: `add_store_sink(streams, "postgresql://...", config.embeddings)`.
 """
 
@@ -17,6 +18,8 @@ from pyflink.datastream import DataStream, ProcessFunction, RuntimeContext
 from flink_memory.config import EmbeddingsConfig
 from flink_memory.embeddings import embedder_for
 from flink_memory.store import MemoryStore, open_store
+from flink_memory.store.backfill import VectorBackfill
+from flink_memory.store.core import as_node
 
 if TYPE_CHECKING:
     from flink_memory.flink.pipeline import MemoryStreams
@@ -32,16 +35,24 @@ class UpsertNodes(ProcessFunction):
         self.url = url
         self.embeddings = embeddings
         self.store: MemoryStore | None = None
+        self.vectors: VectorBackfill | None = None
 
     def open(self, runtime_context: RuntimeContext) -> None:
         embedder = embedder_for(self.embeddings) if self.embeddings is not None else None
-        self.store = open_store(self.url, create=True, embedder=embedder)
+        self.store = open_store(self.url, create=True)
+        self.vectors = VectorBackfill(self.url, embedder) if embedder is not None else None
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
         assert self.store is not None
-        self.store.upsert([value])
+        node = as_node(value)
+        self.store.upsert([node])
+        if self.vectors is not None:
+            self.vectors.name([node.agent_id])
 
     def close(self) -> None:
+        if self.vectors is not None:
+            self.vectors.close()
+            self.vectors = None
         if self.store is not None:
             self.store.close()
             self.store = None
