@@ -78,3 +78,33 @@ def test_unreachable_broker_fails_fast_naming_the_address(tmp_path):
     with pytest.raises(ConfigError, match="127.0.0.1:9 did not answer"):
         build_job(config, "kafka://127.0.0.1:9/events", str(tmp_path / "out"))
     assert time.monotonic() - started < 60
+
+
+def test_unbounded_reads_records_produced_while_it_runs(tmp_path, kafka_broker):
+    bootstrap = kafka_broker.bootstrap
+    topic = f"live-{uuid.uuid4().hex[:8]}"
+    prefix = f"live-{uuid.uuid4().hex[:8]}."
+    create_topic(bootstrap, topic, 3)
+    records = items(agents=3, per_agent=8)
+    expected = expected_units(records)
+    with ScriptedServer() as server:
+        config = config_for(server.base_url, "batching.max_items=4", "batching.flush_after_s=1",
+                            "summarization.global_refresh_s=0", "checkpointing.interval_s=1",
+                            "source.kafka.starting_offsets=earliest", f"sink.kafka.bootstrap_servers={bootstrap}",
+                            f"sink.kafka.topic_prefix={prefix}")
+        client = build_job(config, f"kafka://{bootstrap}/{topic}", str(tmp_path / "out")).execute_async("live")
+        try:
+            half = len(records) // 2
+            produce(bootstrap, topic, [(None, json.dumps(r).encode(), i % 3) for i, r in enumerate(records[:half])])
+            time.sleep(3)  # the second half arrives while the first is being summarized
+            produce(bootstrap, topic, [(None, json.dumps(r).encode(), i % 3) for i, r in enumerate(records[half:])])
+            deadline = time.monotonic() + 120
+            while True:
+                summaries = values(bootstrap, f"{prefix}summaries")
+                if batch_units(summaries) == expected or time.monotonic() > deadline:
+                    break
+                time.sleep(2)
+        finally:
+            client.cancel().result()
+    assert batch_units(summaries) == expected  # read_committed: every unit in exactly one batch node
+    assert len({(n["agent_id"], n["node_id"]) for n in summaries}) == len(summaries)
