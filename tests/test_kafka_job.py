@@ -108,3 +108,39 @@ def test_unbounded_reads_records_produced_while_it_runs(tmp_path, kafka_broker):
             client.cancel().result()
     assert batch_units(summaries) == expected  # read_committed: every unit in exactly one batch node
     assert len({(n["agent_id"], n["node_id"]) for n in summaries}) == len(summaries)
+
+
+def test_restore_from_a_checkpoint_resumes_after_the_offsets_it_holds(tmp_path, kafka_broker):
+    bootstrap = kafka_broker.bootstrap
+    topic = f"restore-{uuid.uuid4().hex[:8]}"
+    prefix = f"restore-{uuid.uuid4().hex[:8]}."
+    create_topic(bootstrap, topic, 3)
+    records = items(agents=2, per_agent=10)
+    half = len(records) // 2
+    output = tmp_path / "out"
+    with ScriptedServer() as server:
+        config = config_for(server.base_url, "batching.max_items=5", "batching.flush_after_s=1",
+                            "summarization.global_refresh_s=0", "checkpointing.interval_s=1",
+                            "source.kafka.starting_offsets=earliest", f"sink.kafka.bootstrap_servers={bootstrap}",
+                            f"sink.kafka.topic_prefix={prefix}")
+
+        def run_until(expected, restore=None):
+            client = build_job(config, f"kafka://{bootstrap}/{topic}", str(output), restore=restore).execute_async("r")
+            try:
+                deadline = time.monotonic() + 120
+                while batch_units(values(bootstrap, f"{prefix}summaries")) != expected:
+                    assert time.monotonic() < deadline, "the summaries did not cover the input in time"
+                    time.sleep(2)
+                time.sleep(3)  # a few more checkpoints: the retained one covers the offsets read
+            finally:
+                client.cancel().result()
+
+        produce(bootstrap, topic, [(None, json.dumps(r).encode(), i % 3) for i, r in enumerate(records[:half])])
+        run_until(expected_units(records[:half]))
+        checkpoint = max((output / "_checkpoints").glob("*/chk-*"), key=lambda p: p.stat().st_mtime)
+        produce(bootstrap, topic, [(None, json.dumps(r).encode(), i % 3) for i, r in enumerate(records[half:])])
+        run_until(expected_units(records), restore=str(checkpoint))
+    summaries = values(bootstrap, f"{prefix}summaries")
+    assert batch_units(summaries) == expected_units(records)  # nothing read twice, nothing lost
+    assert len({(n["agent_id"], n["node_id"]) for n in summaries}) == len(summaries)
+    assert values(bootstrap, f"{prefix}dead-letters") == []  # a record read again would be a `duplicate`
