@@ -14,12 +14,13 @@ import os
 import re
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, get_args, get_origin
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from flink_memory.databases import is_postgres, sqlite_path
+from flink_memory.kafka import SinkConfig, SourceConfig
 
 ENV_PREFIX = "FLINK_MEMORY__"
 CHECKOUT_CONF = Path(__file__).resolve().parent.parent / "conf" / "flink-memory.yaml"
@@ -191,6 +192,9 @@ class JobConfig(_Section):
     # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
     # (element or timer), or "call:n:..." at the n-th fresh LLM result; once, while the marker file is absent.
     inject_failure: str | None = Field(None, pattern=r"^((planner|batcher|merger|call):[1-9][0-9]*:.+|record:[^/]+/.+)$")
+    # The Kafka connector jar (a path), loaded when the input or an output is Kafka; null: the Maven cache's
+    # flink-sql-connector-kafka (flink_memory.kafka.CONNECTOR).
+    kafka_connector_jar: str | None = None
 
 
 class Config(BaseModel):
@@ -206,6 +210,8 @@ class Config(BaseModel):
     embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     job: JobConfig = Field(default_factory=JobConfig)
+    source: SourceConfig = Field(default_factory=SourceConfig)
+    sink: SinkConfig = Field(default_factory=SinkConfig)
 
     @model_validator(mode="after")
     def _consistent(self) -> Config:
@@ -234,32 +240,69 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
+def _is_mapping(annotation: Any) -> bool:
+    return annotation is dict or get_origin(annotation) is dict
+
+
+def _annotation(dotted: str) -> Any:
+    """The type of the setting `dotted` names (None: no such setting)."""
+    model: Any = Config
+    annotation = None
+    for part in dotted.split("."):
+        fields = getattr(model, "model_fields", None)
+        if fields is None or part not in fields:
+            return annotation if _is_mapping(annotation) else None
+        annotation = model = fields[part].annotation
+    return annotation
+
+
 def _as_given(dotted: str, value: Any, text: str) -> Any:
     """A text setting keeps the text as written: `llm.model=1.5` is the model "1.5", not a float refused."""
-    section, _, key = dotted.partition(".")
-    try:
-        annotation = Config.model_fields[section].annotation.model_fields[key].annotation  # type: ignore[union-attr]
-    except (KeyError, AttributeError):
-        return value  # (an unknown name: _set_path says so)
+    annotation = _annotation(dotted)
     is_text = annotation is str or set(get_args(annotation)) == {str, type(None)}
+    is_text = is_text or _is_mapping(annotation)  # (a property's value)
     return text.strip() if is_text and isinstance(value, (bool, int, float)) else value
 
 
 def _set_path(tree: dict[str, Any], dotted: str, value: Any, origin: str) -> None:
+    """Set one setting: section.key, or section.sub.key for a nested section (source.kafka.group_id); the
+    rest of a name that reaches a mapping setting is its key (source.kafka.properties.max.poll.records)."""
     parts = dotted.split(".")
-    if len(parts) != 2 or not all(parts):
+    if (len(parts) < 2 and not isinstance(value, dict)) or not all(parts):
         raise ConfigError(f"{origin}: {dotted!r} is not a section.key name (e.g. llm.model)")
-    section, key = parts
-    if section not in Config.model_fields:
+    if parts[0] not in Config.model_fields:
         known = ", ".join(Config.model_fields)
-        raise ConfigError(f"{origin}: unknown section {section!r} in {dotted!r} (known: {known})")
-    fields = Config.model_fields[section].annotation.model_fields  # type: ignore[union-attr]
-    if key not in fields:
-        raise ConfigError(f"{origin}: unknown key {dotted!r} (known in {section}: {', '.join(fields)})")
-    node = tree.setdefault(section, {})
-    if not isinstance(node, dict):
-        raise ConfigError(f"{origin}: section {section!r} must be a mapping")
-    node[key] = value
+        raise ConfigError(f"{origin}: unknown section {parts[0]!r} in {dotted!r} (known: {known})")
+    model: Any = Config
+    node = tree
+    for depth, part in enumerate(parts):
+        fields = model.model_fields
+        if part not in fields:
+            where = ".".join(parts[:depth])
+            raise ConfigError(f"{origin}: unknown key {dotted!r} (known in {where}: {', '.join(fields)})")
+        annotation = fields[part].annotation
+        rest = parts[depth + 1:]
+        if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"{origin}: section {'.'.join(parts[:depth + 1])!r} must be a mapping")
+            if not rest:
+                if not isinstance(value, dict):
+                    raise ConfigError(f"{origin}: section {dotted!r} must be a mapping")
+                for key, item in value.items():
+                    _set_path(tree, f"{dotted}.{key}", item, origin)
+                return
+            model, node = annotation, child
+            continue
+        if rest and _is_mapping(annotation):
+            mapping = node.setdefault(part, {})
+            if isinstance(mapping, dict):
+                mapping[".".join(rest)] = value
+                return
+        if rest:
+            raise ConfigError(f"{origin}: {'.'.join(parts[:depth + 1])!r} has no key {'.'.join(rest)!r}")
+        node[part] = value
+        return
 
 
 def env_overrides(environ: Mapping[str, str]) -> list[tuple[str, Any, str]]:
@@ -317,8 +360,7 @@ def load_config(
     for section, values in loaded.items():
         if not isinstance(values, dict):
             raise ConfigError(f"{file_path}: section {section!r} must be a mapping")
-        for key, value in values.items():
-            _set_path(tree, f"{section}.{key}", value, str(file_path))
+        _set_path(tree, str(section), values, str(file_path))
     for dotted, value, origin in env_overrides(os.environ if environ is None else environ):
         _set_path(tree, dotted, value, origin)
     for dotted, value, origin in set_overrides(overrides):

@@ -324,3 +324,15 @@ def parse_line(line: str | bytes, position: str | None = None) -> InputRecord | 
     except Exception as exc:  # the contract: never raise, never lose the line
         text = line if isinstance(line, str) else line.decode("utf-8", errors="replace")
         return _dead(text, f"unexpected parser error: {type(exc).__name__}: {exc}", position, raw_b64=raw_b64)
+
+
+def parse_kafka_value(value: bytes | None, position: str, max_bytes: int) -> InputRecord | DeadLetter:
+    """One Kafka record's value, as `parse_line` reads a line; a null value (a tombstone) and a value over
+    `max_bytes` are dead letters too. The record's key is not read: the value's `agent_id` names the agent."""
+    if value is None:
+        return _dead("", "null value (a tombstone): a record is a JSON object in the value", position)
+    if len(value) > max_bytes:
+        head = bytes(value[:256]).decode("utf-8", errors="replace")
+        return _dead(head, f"oversized: {len(value)} bytes, over source.kafka.max_value_bytes ({max_bytes}); "
+                           "raw holds the first 256 bytes", position)
+    return parse_line(bytes(value), position)

@@ -9,6 +9,7 @@ import pytest
 TESTS = Path(__file__).resolve().parent
 sys.path.insert(0, str(TESTS))
 
+from kafka_broker import KafkaBroker  # noqa: E402
 from pgserver import PostgresUnavailable, start_postgres, stop_postgres  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
@@ -42,4 +43,14 @@ def postgres_url():
         pytest.skip(f"no PostgreSQL server can be started here: {exc}")
     yield url
     stop_postgres(base)
+    shutil.rmtree(base, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def kafka_broker():
+    """One single-node KRaft broker for the session (tests/kafka_broker.py), on free loopback ports."""
+    base = Path(tempfile.mkdtemp(prefix="flink-memory-kafka-"))
+    broker = KafkaBroker(base).start()
+    yield broker
+    broker.stop()
     shutil.rmtree(base, ignore_errors=True)

@@ -21,7 +21,8 @@ def positive(text: str) -> int:
 
 def add_job_arguments(parser: argparse.ArgumentParser) -> None:
     """The job's flags: shared by `flink-memory run` and jobs/memory_summarization.py (flink run -py)."""
-    parser.add_argument("--input", required=True, help="a JSON-lines file or a directory of them")
+    parser.add_argument("--input", required=True, help="a JSON-lines file, a directory of them, or "
+                        "kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC] (see source.kafka.*)")
     parser.add_argument("--output", required=True, help="output directory (summaries/, manifests/, dead-letters/)")
     parser.add_argument("--config", help="YAML config file (default: conf/flink-memory.yaml)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE",

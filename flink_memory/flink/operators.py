@@ -25,7 +25,7 @@ from flink_memory.config import Config
 from flink_memory.flink.metrics import REPORT_EVERY_S, CallMeter, Tally
 from flink_memory.flink.state_backend import FlinkState
 from flink_memory.llm.runtime import acquire_runtime, release_runtime
-from flink_memory.records import DeadLetter, parse_line
+from flink_memory.records import DeadLetter, InputRecord, parse_line
 from flink_memory.stages.calls import Effects
 from flink_memory.stages.driver import END_OF_INPUT, END_ROUNDS, Driver, Waits
 from flink_memory.stages.protocol import CoreFactory
@@ -88,9 +88,13 @@ class ParseRecords(ProcessFunction):
         if getattr(self, "tally", None) is not None:
             self.tally.flush()
 
-    def process_element(self, value: str, ctx: ProcessFunction.Context):
+    def parse(self, value: Any) -> InputRecord | DeadLetter:
+        """One input element to a record or a dead letter (a JSON line here; subclasses read other shapes)."""
+        return parse_line(value)
+
+    def process_element(self, value: Any, ctx: ProcessFunction.Context):
         self.tally.add("records_in")
-        record = parse_line(value)
+        record = self.parse(value)
         if isinstance(record, DeadLetter):
             self.tally.add("dead_letters")
             yield DEAD_LETTERS, record.model_dump_json()

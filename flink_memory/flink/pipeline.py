@@ -30,6 +30,7 @@ from flink_memory import budgets
 from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
+from flink_memory.kafka import is_kafka, parse_kafka_url
 from flink_memory.stages.batcher import BatcherCore
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
@@ -181,20 +182,22 @@ def _check_execution_mode(stream: DataStream, config: Config) -> None:
 
 
 def add_memory_operators(stream: DataStream, config: Config, output_dir: str | None = None, *,
-                         bounded: bool = False) -> MemoryStreams:
+                         bounded: bool = False, parse: ParseRecords | None = None) -> MemoryStreams:
     """Add parse, plan, batch and merge to `stream` (JSON strings, dicts or our record models).
 
     Returns the summary nodes, manifests and dead letters as DataStreams of JSON strings. The operator
     uids are fixed (see UIDS), so a job that embeds these operators can restore their state. `bounded`
     (the input ends, e.g. a file read once): partial batches close and globals are made when the input
     ends, not on timeouts; otherwise `batching.flush_after_s` and `summarization.global_refresh_s` apply.
+    `parse`: the function that reads `stream`'s elements (e.g. Kafka rows), instead of JSON lines.
     """
     budgets.check(config)
     _check_execution_mode(stream, config)
     config = config.model_copy(update={"journal": config.journal.model_copy(update={"path": config.journal.location()})})
     config_json = config.model_dump_json()
-    lines = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
-    parsed = lines.process(ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
+    if parse is None:
+        stream = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
+    parsed = stream.process(parse or ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
 
     def stage(upstream: DataStream, core: CoreFactory, name: str, label: str, keyed_output: bool = True) -> DataStream:
         function = StageFunction(core, name, config_json, output_dir, bounded, keyed_output=keyed_output)
@@ -233,10 +236,29 @@ def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
 
 def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool = False,
               restore: str | None = None, rest_port: int | None = None) -> StreamExecutionEnvironment:
+    """The whole job: a file or Kafka input; files, the store and Kafka (sink.kafka) as outputs."""
     env = create_environment(config, output_dir, restore, rest_port)
-    streams = add_memory_operators(file_source(env, input_path, follow), config, output_dir, bounded=not follow)
+    kafka_in = is_kafka(input_path)
+    t_env = None
+    if kafka_in or config.sink.kafka.bootstrap_servers:
+        from flink_memory.flink import kafka
+
+        kafka.load_connector(env, config)
+        t_env = kafka.table_environment(env)
+    if kafka_in:
+        try:
+            source = parse_kafka_url(input_path)
+        except ValueError as exc:
+            raise ConfigError(f"--input {exc}") from None
+        rows = kafka.kafka_source(t_env, source, config)
+        streams = add_memory_operators(rows, config, output_dir, bounded=config.source.kafka.bounded,
+                                       parse=kafka.ParseKafkaValues(config.source.kafka.max_value_bytes))
+    else:
+        streams = add_memory_operators(file_source(env, input_path, follow), config, output_dir, bounded=not follow)
     add_file_sinks(streams, output_dir)
     store_url = config.store.location(output_dir)
     if store_url:
         add_store_sink(streams, store_url, config.embeddings)
+    if config.sink.kafka.bootstrap_servers:
+        kafka.add_kafka_sinks(t_env, streams, config, output_dir)
     return env
