@@ -205,4 +205,4 @@ MIGRATIONS: dict[type, Migration] = {
 
 def migration_of(core: Any) -> Migration | None:
     """The migration of a core's state; None for a core with no state from release 0.1.0."""
-    return MIGRATIONS.get(type(core))
+    return next((MIGRATIONS[cls] for cls in type(core).__mro__ if cls in MIGRATIONS), None)

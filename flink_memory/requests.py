@@ -7,6 +7,7 @@ requests and read results here, and only the client (`flink_memory.llm.client`) 
 
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -69,8 +70,9 @@ class ChatRequest:
             "json_schema": self.json_schema,
         }
 
-    @property
+    @functools.cached_property
     def digest(self) -> str:
+        """The journal key and pool key (computed once: a request is frozen, and digests are asked often)."""
         return digest(self.canonical())
 
     def message_dicts(self) -> list[dict[str, str]]:

@@ -169,3 +169,33 @@ def test_rows_written_without_waiting_get_their_vectors_from_the_backfill(locati
         rows = store._fetch(store._sql(f"SELECT text, vector FROM {NODES}"), ())
     assert len(rows) == 10 and all(vector is not None for _, vector in rows)
     assert vectors.embedded == 10 and vectors.lag == 0
+
+
+def test_the_backfill_retries_a_failing_provider_and_refuses_another_models_store(tmp_path):
+    from flink_memory.store.backfill import VectorBackfill
+
+    class Flaky(Hashed):
+        def __init__(self):
+            super().__init__()
+            self.failures = 1
+
+        def _embed(self, texts, query):
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("provider down")
+            return super()._embed(texts, query)
+
+    location = str(tmp_path / "memory.sqlite")
+    with open_store(location, create=True) as store:
+        vectors = VectorBackfill(location, Flaky())
+        store.upsert([batch("batch-1", ["m1"], "Alice paid 300 EUR for the boat.")])
+        vectors.name(["a"])
+        vectors.close(timeout_s=60)
+        assert vectors.error is None and vectors.embedded == 1  # the failed pass was tried again
+        other = VectorBackfill(location, Hashed(salt=1))
+        store.upsert([batch("batch-2", ["m2"], "Bob moved to Lisbon.")])
+        other.name(["a"])
+        other.close(timeout_s=60)
+    assert isinstance(other.error, StoreError) and "hashed-0" in str(other.error)
+    with pytest.raises(StoreError):
+        other.name(["a"])  # the writer sees it: vectors of two models are never mixed

@@ -257,3 +257,24 @@ def test_a_failed_call_of_a_round_does_not_throw_away_the_answers_of_the_others(
         finished.pop(digest)
     progress = drive(job, factory, finished, 10_000, RetryPolicy(1.0, 1.0))  # after the backoff
     assert [r.digest for r in progress.start] == [requests[1].digest]
+
+
+def test_later_rounds_of_a_job_pack_by_what_its_own_requests_counted():
+    """Emoji summaries count a sixth of our estimate; the global kind learned 0.6 from another agent's
+    numbers. At that scale no two of these summaries fit one request: packed by the ratio its own last
+    round reported, the job ends in a few rounds instead of never."""
+
+    config = cfg("llm.context_window=1024", "llm.max_output_tokens=192")
+    factory = RequestFactory.from_config(config.llm)
+    factory.counter.calibration.observe(1000, 600, "global")
+    summary = "🎉👋😀🚀🧪 " * 30
+    job = ReduceJob(purpose="global", entries=[{"text": summary, "from": None, "to": None} for _ in range(4)])
+    text = None
+    for _ in range(6):
+        requests = job.requests(factory)
+        counted = [factory.counter.raw_request(r.message_dicts()) // 6 for r in requests]
+        text = job.advance(factory, [ChatResult(text=summary, prompt_tokens=n, completion_tokens=192, model="m")
+                                     for n in counted])
+        if text is not None:
+            break
+    assert text is not None and job.round <= 2

@@ -21,7 +21,11 @@ def _get_json(url: str) -> Any:
 def count_lines(path: str) -> int | None:
     """Lines of a bounded local input (a file, or the files of a folder); None when it cannot be read here."""
     root = Path(path.removeprefix("file://"))
-    files = [root] if root.is_file() else sorted(p for p in root.rglob("*") if p.is_file()) if root.is_dir() else []
+    # (Flink's file source skips names starting with "." or "_", as this count does)
+    files = [root] if root.is_file() else sorted(
+        p for p in root.rglob("*") if p.is_file() and not any(part.startswith((".", "_"))
+                                                              for part in p.relative_to(root).parts)
+    ) if root.is_dir() else []
     if not files:
         return None
     total = 0

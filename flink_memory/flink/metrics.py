@@ -10,7 +10,7 @@ from typing import Any
 from flink_memory.requests import ChatRequest, ChatResult
 
 METRIC_FLUSH_S = 0.5  # metric increments are summed in Python and handed to Flink at most this often
-MAX_UNCONSUMED = 10_000  # results counted at their end and remembered until consumed, at most
+MAX_UNCONSUMED = 10_000  # results counted at their end and remembered until consumed, before a cleanup
 REPORT_EVERY_S = 1.0  # a stage blocked on calls (the end of a bounded input) reports at least this often
 
 
@@ -51,8 +51,8 @@ class CallMeter:
 
     def __init__(self, tally: Tally, latency: Any, clock: Callable[[], float] = time.monotonic) -> None:
         self.tally, self.latency, self.clock = tally, latency, clock
-        self.open: dict[str, str] = {}  # digest -> kind of each submitted call not seen finished yet
-        self.counted: dict[int, ChatResult] = {}  # results counted when they ended, until consumed
+        self.open: set[str] = set()  # digests of submitted calls not seen finished yet
+        self.counted: dict[int, tuple[str, ChatResult]] = {}  # results counted when they ended, until consumed
         self.synced_at = clock()
 
     @property
@@ -60,8 +60,7 @@ class CallMeter:
         return len(self.open)
 
     def submitted(self, requests: Iterable[ChatRequest]) -> None:
-        for request in requests:
-            self.open.setdefault(request.digest, request.kind)
+        self.open.update(request.digest for request in requests)
 
     def sync(self, finished: Mapping[str, ChatResult | BaseException], force: bool = False) -> None:
         """Count the calls that ended since the last sync (at most every METRIC_FLUSH_S unless forced: it
@@ -70,21 +69,20 @@ class CallMeter:
             return
         self.synced_at = self.clock()
         for digest in [d for d in self.open if finished.get(d) is not None]:
-            del self.open[digest]
+            self.open.discard(digest)
             result = finished.get(digest)
             if isinstance(result, ChatResult):  # (a failure is counted when its core sees it)
                 self.count(result)
-                if len(self.counted) >= MAX_UNCONSUMED:  # results no core took (e.g. an evicted key's)
-                    self.counted.clear()
-                self.counted[id(result)] = result
+                self.counted[id(result)] = (digest, result)
+        if len(self.counted) > MAX_UNCONSUMED:  # results no core will take (an evicted key's) left the pool
+            self.counted = {k: v for k, v in self.counted.items() if finished.get(v[0]) is not None}
 
     def consumed(self, results: Iterable[ChatResult], digests: Iterable[str]) -> None:
         """A core consumed these: count what no sync counted yet, and stop tracking their calls."""
         for result in results:
             if self.counted.pop(id(result), None) is None:
                 self.count(result)
-        for digest in digests:
-            self.open.pop(digest, None)
+        self.open.difference_update(digests)
 
     def count(self, result: ChatResult) -> None:
         if result.from_journal:

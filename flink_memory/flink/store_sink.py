@@ -5,7 +5,7 @@ completes, and a replay after a failure writes the nodes again under the same (a
 the store's idempotent upsert turns into the same rows (flink_memory.store). With `embeddings` (a provider
 other than none) the written rows are embedded on a thread of their own (flink_memory.store.backfill),
 reusing the vector of a live row with the same text: no node waits for its vector, and a row not yet
-embedded is found by keyword meanwhile; the sink's close waits until every row has its vector. Reuse it in other jobs beside
+embedded is found by keyword meanwhile; the sink's close waits (up to CLOSE_WAIT_S) for the last vectors. Reuse it in other jobs beside
 `add_file_sinks`: `add_store_sink(streams, "postgresql://...", config.embeddings)`.
 """
 
@@ -26,6 +26,7 @@ if TYPE_CHECKING:
 
 # Part of the savepoint contract like flink_memory.flink.pipeline.UIDS (which lists it as sink_store).
 STORE_SINK_UID = "flink-memory-sink-store"
+CLOSE_WAIT_S = 120.0  # how long closing waits for the last vectors (Flink cancels a task after 180 s)
 
 
 class UpsertNodes(ProcessFunction):
@@ -51,8 +52,10 @@ class UpsertNodes(ProcessFunction):
 
     def close(self) -> None:
         if self.vectors is not None:
-            self.vectors.close()
-            self.vectors = None
+            self.vectors.close(timeout_s=CLOSE_WAIT_S)
+            error, self.vectors = self.vectors.error, None
+            if error is not None:
+                raise error
         if self.store is not None:
             self.store.close()
             self.store = None

@@ -303,9 +303,10 @@ class LLMClient:
                 log.warning("token calibration not kept in the journal: %s", exc)
 
     def seed_calibration(self) -> None:
-        """Start from the ratios an earlier job learned on this endpoint (kept in the journal), so a restored
-        job packs as the failed one did. Nothing is asked of the provider: a kind with no report of its own is
-        packed at the estimate's upper bound, which a probe of other text could not tighten safely."""
+        """Start from the ratios earlier jobs learned on this endpoint (kept in the journal): the kinds they
+        saw pack by what the provider reported from the first request on. A restored job then mostly packs
+        as the failed one did; work packed before the failed job's first report of a kind (at the upper
+        bound) can be cut differently and asked again."""
         if self.journal is not None and not self.counter.exact:
             self.counter.calibration.seed(self.journal.calibration(self.calibration_name))
 

@@ -61,6 +61,11 @@ class ReduceJob(StateModel):
     # the scale the round's part requests are packed at, when they are parts (kept for replays): never below
     # what parts have taught, which before their first report is the upper bound
     round_scale: float | None = None
+    # the largest ratio (provider count / our count) the provider reported for the last round's requests:
+    # what the next round's text (their answers) counts like. Another agent's reports of the same kind may
+    # overstate it many times (emoji, CJK or prose against numbers): at the kind's scale no two of its
+    # summaries would fit one request, and it would never end
+    own_ratio: float | None = None
     round: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -83,6 +88,8 @@ class ReduceJob(StateModel):
     def _plan(self, budget: Budget) -> tuple[bool, list[list[dict[str, Any]]]]:
         if self.scale is None:
             self.scale = budget.counter.scale_for(self.purpose)
+            if self.own_ratio is not None:  # (from the second round on)
+                self.scale = min(self.scale, budget.counter.calibration.scale_of(self.own_ratio))
         final, groups = self._plan_at(budget, self.scale)
         if final or self._round_purpose == self.purpose:
             return final, groups
@@ -132,9 +139,14 @@ class ReduceJob(StateModel):
 
     def advance(self, factory: RequestFactory, results: list[ChatResult]) -> str | None:
         """Apply the results of the current round; the final text once done, else None."""
+        requests = self.requests(factory)
         final, groups = self._plan(factory.budget)
         if len(results) != len(groups):
             raise ValueError(f"round {self.round} expects {len(groups)} results, got {len(results)}")
+        counter = factory.budget.counter
+        ratios = [result.prompt_tokens / ours for request, result in zip(requests, results)
+                  if result.prompt_tokens > 0 and (ours := counter.raw_request(request.message_dicts())) > 0]
+        self.own_ratio = max(ratios) if ratios else self.own_ratio
         for result in results:
             self.calls += 0 if result.from_journal else 1
             self.prompt_tokens += result.prompt_tokens

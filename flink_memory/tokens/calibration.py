@@ -52,6 +52,10 @@ class Calibration:
         ratio = self._own(kind)
         if ratio is None:  # no report of its own: the upper bound (another kind's text may count tighter)
             return self.initial
+        return self.scale_of(ratio)
+
+    def scale_of(self, ratio: float) -> float:
+        """The scale a ratio (provider count / our count) packs at: with the margin, in steps of 1/64."""
         return max(self.floor, math.ceil(ratio * (1 + self.margin) * 64) / 64)
 
     @property
@@ -76,7 +80,7 @@ class Calibration:
             return grew and not rejection
 
     def seed(self, ratios: Mapping[str, float]) -> None:
-        """Start from ratios learned before (kept in the journal): a restored job packs as the failed one did."""
+        """Start from ratios learned before on the same endpoint, model and tokenizer (kept in the journal)."""
         with self._lock:
             for kind, ratio in ratios.items():
                 if ratio > 0:
