@@ -99,10 +99,11 @@ def memory_key(agent_id: str, node_id: str) -> str:
 def shipped_connector(pipeline_jars: str | None) -> str | None:
     """The Kafka connector jar the submitter already ships (`flink run --jarfile`, or `pipeline.jars`), if any:
     the job then needs no copy of its own, so a client without the Maven cache can submit it."""
-    for jar in (pipeline_jars or "").strip("[]").replace(";", ",").split(","):
-        name = jar.strip().rsplit("/", 1)[-1]
+    for entry in (pipeline_jars or "").strip("[]").replace(";", ",").split(","):
+        jar = entry.strip().strip("'\"")
+        name = jar.rsplit("/", 1)[-1]
         if name.startswith(("flink-sql-connector-kafka", "flink-connector-kafka")) and name.endswith(".jar"):
-            return jar.strip()
+            return jar
     return None
 
 

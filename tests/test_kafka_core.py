@@ -68,6 +68,7 @@ def test_a_connector_shipped_by_the_submitter_is_recognized():
     jar = "file:/opt/jars/flink-sql-connector-kafka-5.0.0-2.2.jar"
     assert shipped_connector(f"[file:/opt/udf.jar, {jar}]") == jar  # (Flink prints a list)
     assert shipped_connector(f"file:/a.jar;{jar}") == jar
+    assert shipped_connector(f"['{jar}', 'file:/opt/flink-python-2.3.0.jar']") == jar  # (a Python list's repr)
     assert shipped_connector("[file:/opt/jars/flink-connector-kafka-4.0.jar]")
     assert shipped_connector("[file:/opt/udf.jar]") is None
     assert shipped_connector(None) is None and shipped_connector("None") is None

@@ -100,13 +100,12 @@ def test_taskmanager_killed_mid_stream_on_a_cluster_reading_kafka(tmp_path, kafk
             "--set", f"sink.kafka.topic_prefix={prefix}", "--set", f"journal.path={tmp_path / 'journal.sqlite'}",
             options=("--jarfile", str(jar)), home=empty_home)
         wait_for(lambda: server.count() >= 6, timeout_s=120)
-        produce_records(bootstrap, topic, records[40:], 2)  # the rest arrives while the job runs
-        wait_for(lambda: server.count() >= 14, timeout_s=120)
         (victim, *_) = cluster.busy_taskmanagers(job_id, ("batch-summaries", "hierarchical-merger"))
         killed_at = time.monotonic()
         cluster.kill_taskmanager(victim)
         calls_at_kill = server.count()
         cluster.start_taskmanager()
+        produce_records(bootstrap, topic, records[40:], 2)  # the rest of the stream arrives during the recovery
         try:
             wait_for(lambda: batch_units(summaries(bootstrap, prefix)) == expected, timeout_s=120, every_s=2)
             assert cluster.restarts(job_id) >= 1, "the kill did not make the job restart"
