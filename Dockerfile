@@ -28,6 +28,11 @@ RUN ln -s "$(/opt/venv/bin/python -c 'import sysconfig; print(sysconfig.get_path
         /opt/venv/site-packages \
  && test -d /opt/venv/site-packages/flink_memory
 
+# The Kafka connector (built for Flink 2.2, runs on 2.3), shipped with a Kafka job by `flink run --jarfile`
+# (docker-compose.yml's submit-kafka); owned by flink through the chown below.
+ADD https://repo1.maven.org/maven2/org/apache/flink/flink-sql-connector-kafka/5.0.0-2.2/flink-sql-connector-kafka-5.0.0-2.2.jar \
+    /opt/flink-memory/jars/
+
 # Flink logs the environment of the processes it starts; conf/log4j-cluster.properties silences those
 # loggers in every log configuration Flink uses (console: the image's foreground daemons; cli: flink run).
 RUN for f in /opt/flink/conf/log4j*.properties; do \

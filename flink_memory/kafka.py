@@ -96,6 +96,17 @@ def memory_key(agent_id: str, node_id: str) -> str:
     return f"{agent_id}/{node_id}"
 
 
+def shipped_connector(pipeline_jars: str | None) -> str | None:
+    """The Kafka connector jar the submitter already ships (`flink run --jarfile`, or `pipeline.jars`), if any:
+    the job then needs no copy of its own, so a client without the Maven cache can submit it."""
+    for entry in (pipeline_jars or "").strip("[]").replace(";", ",").split(","):
+        jar = entry.strip().strip("'\"")
+        name = jar.rsplit("/", 1)[-1]
+        if name.startswith(("flink-sql-connector-kafka", "flink-connector-kafka")) and name.endswith(".jar"):
+            return jar
+    return None
+
+
 def connector_jar(configured: str | None) -> Path:
     """The connector jar: job.kafka_connector_jar, else the Maven cache's copy of CONNECTOR."""
     if configured:

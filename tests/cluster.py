@@ -144,13 +144,16 @@ class StandaloneCluster:
 
     # --- jobs ------------------------------------------------------------------------------------------
 
-    def submit(self, script: Path, *args: str) -> str:
-        """`flink run -d -py` with the venv as the workers' Python; returns the job id."""
+    def submit(self, script: Path, *args: str, options: tuple[str, ...] = (), home: Path | None = None) -> str:
+        """`flink run -d [options] -py script args` with the venv as the workers' Python; returns the job id.
+        `home`: the client's HOME (a folder without a Maven cache proves a jar is shipped by `options`)."""
         command = [str(FLINK_HOME / "bin" / "flink"), "run", "--jobmanager", f"localhost:{self.rest_port}", "-d",
-                   "--python", str(script), "--pyExecutable", sys.executable, "--pyClientExecutable", sys.executable,
-                   *args]
+                   *options, "--python", str(script), "--pyExecutable", sys.executable,
+                   "--pyClientExecutable", sys.executable, *args]
         # its own client log (flink-<ident>-client-<host>.log), which the next `flink run` would overwrite
         env = dict(self.env, FLINK_IDENT_STRING=f"submit{len(self.client_output) + 1}")
+        if home is not None:
+            env["HOME"] = str(home)
         done = subprocess.run(command, env=env, cwd=ROOT, capture_output=True, text=True, timeout=300)
         output = done.stdout + done.stderr
         self.client_output.append(output)

@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
+KAFKA = {"kafka", "kafka-load", "submit-kafka"}  # the `kafka` profile
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
@@ -84,7 +85,7 @@ def test_docker_compose_validates_the_file(docker_compose):
 
 def test_services_and_topology(compose):
     services = compose["services"]
-    assert set(services) == {"jobmanager", "taskmanager-1", "taskmanager-2", "postgres", "llm", "submit"}
+    assert set(services) == {"jobmanager", "taskmanager-1", "taskmanager-2", "postgres", "llm", "submit", *KAFKA}
     assert services["jobmanager"]["command"] == "jobmanager"
     assert services["taskmanager-1"]["command"] == services["taskmanager-2"]["command"] == "taskmanager"
     assert "8081:8081" in services["jobmanager"]["ports"]
@@ -118,8 +119,8 @@ def test_image_is_built_from_the_dockerfile_on_official_flink_2_java17_with_a_ve
     assert {"pyproject.toml", "setup.py", "README.md", "flink_memory", "conf"} <= copied  # setup.py ships conf
     for image_path, host_path in copies().items():
         assert host_path.exists(), f"COPY source {host_path} missing for {image_path}"
-    for service in compose["services"].values():  # every Flink service runs the same image
-        if service.get("image") != compose["services"]["postgres"]["image"]:
+    for name, service in compose["services"].items():  # every Flink service runs the same image
+        if name not in ("postgres", "kafka", "kafka-load"):
             assert service["image"] == "flink-memory:local" and service["build"] == build
 
 
@@ -208,9 +209,43 @@ def test_submit_command_names_files_in_the_build_context(compose):
 def test_shared_volumes(compose):
     assert "data" in compose["volumes"]
     for name, service in compose["services"].items():
-        if name == "postgres":
+        if name in ("postgres", "kafka", "kafka-load"):  # (not Flink: no shared data volume)
             continue
         assert "data:/data" in service["volumes"], name
         assert "./samples:/data/input:ro" in service["volumes"], name
     llm = compose["services"]["llm"]
     assert llm["command"][:1] == ["serve-llm"] and "0.0.0.0" in llm["command"]
+
+
+def test_kafka_profile_a_kraft_broker_loaded_with_the_sample_feeds_a_second_job(compose):
+    services = compose["services"]
+    assert all(services[name]["profiles"] == ["kafka"] for name in KAFKA)  # `docker compose up` stays on files
+    kafka = services["kafka"]
+    assert re.fullmatch(r"\$\{KAFKA_IMAGE:-apache/kafka:[\d.]+\}", kafka["image"])
+    env = kafka["environment"]
+    assert env["KAFKA_PROCESS_ROLES"] == "broker,controller" and env["KAFKA_CONTROLLER_QUORUM_VOTERS"] == "1@kafka:9093"
+    assert env["KAFKA_ADVERTISED_LISTENERS"] == "PLAINTEXT://kafka:9092" and "ports" not in kafka
+    assert env["KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR"] == env["KAFKA_TRANSACTION_STATE_LOG_MIN_ISR"] == 1
+    assert "kafkadata" in compose["volumes"] and kafka["healthcheck"]["test"][0] == "CMD"
+    load = services["kafka-load"]
+    assert load["depends_on"]["kafka"]["condition"] == "service_healthy"
+    assert "--topic agent-events --partitions 2" in load["command"][0]
+    assert "< /data/input/memories.jsonl" in load["command"][0] and "./samples:/data/input:ro" in load["volumes"]
+    submit = services["submit-kafka"]
+    assert submit["depends_on"]["kafka-load"]["condition"] == "service_completed_successfully"
+    command = submit["command"]
+    option = {command[i]: command[i + 1] for i in range(1, len(command) - 1) if command[i].startswith("--")}
+    assert option["--input"] == "kafka://kafka:9092/agent-events"
+    # the connector jar ships with the job (--jarfile, before --python); the Dockerfile puts it in the image
+    jar = option["--jarfile"]
+    assert command.index("--jarfile") < command.index("--python")
+    assert re.search(rf"^ADD https://repo1\.maven\.org/maven2/\S+/{Path(jar).name} {Path(jar).parent}/$",
+                     "\n".join(dockerfile_lines()), re.M)
+    from flink_memory.config import load_config
+    from flink_memory.kafka import shipped_connector
+
+    assert shipped_connector(f"[file:{jar}]")
+    sets = dict(command[i + 1].split("=", 1) for i in range(len(command) - 1) if command[i] == "--set")
+    assert sets["sink.kafka.bootstrap_servers"] == "kafka:9092"
+    plain = [key + "=" + re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value) for key, value in sets.items()]
+    load_config(None, plain, environ={})

@@ -6,7 +6,7 @@ import json
 import pytest
 
 from flink_memory.config import ConfigError, load_config
-from flink_memory.kafka import connector_jar, memory_key, parse_kafka_url, position, topics
+from flink_memory.kafka import connector_jar, memory_key, parse_kafka_url, position, shipped_connector, topics
 from flink_memory.records import DeadLetter, MemoryItem, parse_kafka_value
 
 
@@ -62,3 +62,13 @@ def test_memory_keys_and_the_connector_jar(tmp_path, monkeypatch):
     monkeypatch.setenv("HOME", str(tmp_path))
     with pytest.raises(FileNotFoundError, match="job.kafka_connector_jar"):
         connector_jar(None)
+
+
+def test_a_connector_shipped_by_the_submitter_is_recognized():
+    jar = "file:/opt/jars/flink-sql-connector-kafka-5.0.0-2.2.jar"
+    assert shipped_connector(f"[file:/opt/udf.jar, {jar}]") == jar  # (Flink prints a list)
+    assert shipped_connector(f"file:/a.jar;{jar}") == jar
+    assert shipped_connector(f"['{jar}', 'file:/opt/flink-python-2.3.0.jar']") == jar  # (a Python list's repr)
+    assert shipped_connector("[file:/opt/jars/flink-connector-kafka-4.0.jar]")
+    assert shipped_connector("[file:/opt/udf.jar]") is None
+    assert shipped_connector(None) is None and shipped_connector("None") is None

@@ -19,7 +19,7 @@ from pyflink.table import StreamTableEnvironment
 
 from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import ParseRecords
-from flink_memory.kafka import KafkaInput, connector_jar, memory_key, position, topics
+from flink_memory.kafka import KafkaInput, connector_jar, memory_key, position, shipped_connector, topics
 from flink_memory.records import DeadLetter, InputRecord, parse_kafka_value
 
 CHECK_TIMEOUT_S = 20.0
@@ -32,13 +32,17 @@ class KafkaUnavailable(ConfigError):
 
 
 def load_connector(env: StreamExecutionEnvironment, config: Config) -> None:
-    """Ship the connector jar with the job (pipeline.jars) and make its classes visible to this client."""
+    """Ship the connector jar with the job (pipeline.jars) and make its classes visible to this client; a jar
+    the submitter ships already (`flink run --jarfile`, `-D pipeline.jars=...`) is used as it is."""
+    shipped = str(env._j_stream_execution_environment.getConfiguration().toMap().get("pipeline.jars"))
+    if not config.job.kafka_connector_jar and shipped_connector(shipped):
+        return
     try:
         jar = connector_jar(config.job.kafka_connector_jar)
     except FileNotFoundError as exc:
         raise ConfigError(str(exc)) from None
     uri = jar.as_uri()
-    if uri not in str(env._j_stream_execution_environment.getConfiguration().toMap().get("pipeline.jars")):
+    if uri not in shipped:
         env.add_jars(uri)
 
 
