@@ -81,6 +81,7 @@ COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? 
          f"AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
 UNCOVERED = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND covered_by = ?"
 DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}'"
+FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}'"
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
 NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind <> '{UNIT_KIND}'"
 ALL_OF_AGENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind <> '{UNIT_KIND}' ORDER BY steps, node_id"
@@ -224,6 +225,10 @@ class MemoryStore(ABC):
         statements = [(self._sql(DELETE_UNIT), (agent_id, UNIT_PREFIX + u)) for u in unit_ids]
         if statements:
             self._write([agent_id], statements)
+
+    def forget_units(self, agent_id: str) -> None:
+        """Remove every unit of the agent (a forget) with their vectors; its nodes go when replaced."""
+        self._write([agent_id], [(self._sql(FORGET_UNITS), (agent_id,))])
 
     def embedding_model(self) -> str | None:
         """The model of the store's vectors (None: no vectors yet)."""
