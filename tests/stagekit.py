@@ -24,6 +24,7 @@ from flink_memory.stages.driver import END_OF_INPUT, Driver
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
 from flink_memory.stages.protocol import StageCore
+from flink_memory.stages.unit_rows import UnitRows, unit_rows_of
 from flink_memory.state import MemoryState, StateTransaction
 from flink_memory.tokens.estimate import estimate_messages
 
@@ -76,6 +77,24 @@ def hold_plans(pipeline: Pipeline) -> InFlight:
     return finished
 
 
+class UnitTable:
+    """The unit rows of a store, in memory: what UnitRows.apply writes."""
+
+    def __init__(self) -> None:
+        self.units: dict[tuple[str, str], str] = {}
+
+    def upsert_units(self, units: list[Any]) -> int:
+        self.units.update(((u.agent_id, u.unit_id), u.text) for u in units)
+        return len(units)
+
+    def delete_units(self, agent_id: str, unit_ids: list[str]) -> None:
+        for uid in unit_ids:
+            self.units.pop((agent_id, uid), None)
+
+    def forget_units(self, agent_id: str) -> None:
+        self.units = {key: text for key, text in self.units.items() if key[0] != agent_id}
+
+
 @dataclass
 class Stage:
     name: str
@@ -108,6 +127,7 @@ class Pipeline:
         self.summaries: list[dict[str, Any]] = []
         self.manifests: list[dict[str, Any]] = []
         self.dead_letters: list[DeadLetter] = []
+        self.rows: list[UnitRows] = []  # the stages' store rows, in the order they were sent
         self.stages = [Stage("planner", PlannerCore(config, self.factory)),
                        Stage("batcher", BatcherCore(config, self.factory, bounded=bounded)),
                        Stage("merger", MergerCore(config, self.factory, bounded=bounded))]
@@ -185,6 +205,7 @@ class Pipeline:
                 times.pop((index, key), None)
         self.manifests.extend(json.loads(m) for m in effects.manifests)
         self.dead_letters.extend(effects.dead_letters)
+        self.rows.extend(unit_rows_of(row) for row in effects.rows)
         for payload in effects.out:
             if index + 1 < len(self.stages):
                 self._deliver(index + 1, key, payload)
@@ -205,6 +226,13 @@ class Pipeline:
     def current(self, agent: str) -> dict[str, Any] | None:
         globals_ = [n for n in self.nodes("global") if n["agent_id"] == agent]
         return max(globals_, key=lambda n: n["version"]) if globals_ else None
+
+    def stored_units(self, agent: str) -> dict[str, str]:
+        """The agent's unit rows a store holds after every store row so far: unit id -> text."""
+        table = UnitTable()
+        for rows in self.rows:
+            rows.apply(table)
+        return {uid: text for (owner, uid), text in table.units.items() if owner == agent}
 
     def calls(self, kind: str | None = None) -> int:
         return sum(1 for r in self.sent if kind is None or r.kind == kind)

@@ -52,7 +52,16 @@ def test_store_equals_the_live_view_of_the_changelog_after_changes_and_a_failure
         units = Counter(u for n in store.nodes("agent-0") if n.kind == "batch" for u in n.children)
         assert units == Counter(f"m{i}" for i in range(12) if i != 5)  # the deleted unit is in no live node
         hits = store.recall("agent-1", "What did Zorbatin pay for the boat?", k=3)
-        assert hits and "5822" in hits[0].text and hits[0].kind == "batch"
+        # the corrected unit itself comes first (a unit before the batch node that covers it), then that node
+        assert hits and "5822" in hits[0].text and hits[0].kind == "unit"
+        assert hits[1].kind == "batch" and hits[1].node_id == hits[0].covered_by and "5822" in hits[1].text
         assert not any("4711" in n.text for n in store.nodes("agent-1"))  # the superseded fact left the store
         forgotten = store.current("agent-2")
         assert forgotten.item_count == 0 and store.nodes("agent-2") == [forgotten]
+        # units: written as the batcher accepted them; the deleted, superseded and forgotten ones left
+        assert [u.unit_id for u, _ in store.units("agent-0")] == sorted(f"m{i}" for i in range(12) if i != 5)
+        covering = {n.node_id for n in store.nodes("agent-0")}
+        assert all(c in covering for _, c in store.units("agent-0"))
+        assert [u.text for u, _ in store.units("agent-1") if u.unit_id == "fact"] == [records[-3]["text"]]
+        assert store.units("agent-2") == []
+        assert not store.recall("agent-1", "4711", mode="keyword")

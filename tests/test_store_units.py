@@ -199,3 +199,18 @@ def test_the_backfill_retries_a_failing_provider_and_refuses_another_models_stor
     assert isinstance(other.error, StoreError) and "hashed-0" in str(other.error)
     with pytest.raises(StoreError):
         other.name(["a"])  # the writer sees it: vectors of two models are never mixed
+
+
+def test_a_reader_keeps_an_agents_vectors_until_a_write_moves_its_generation(location):
+    """The per-agent matrix is reused while nothing of the agent changed, and reloaded after any write."""
+    with open_store(location, create=True, embedder=Hashed()) as store:
+        store.upsert_units([unit("m1", "Rex is a beagle."), unit("m2", "Rent is 900 EUR.")])
+        with open_store(location, embedder=Hashed()) as reader:
+            assert reader.recall("a", "beagle", mode="vector")[0].node_id == "m1"
+            loaded = reader._vector_cache._agents["a"]
+            assert reader.recall("a", "rent", mode="vector")[0].node_id == "m2"
+            assert reader._vector_cache._agents["a"] is loaded  # not read again
+            store.upsert_units([unit("m3", "Carol owns a kayak.")])
+            assert reader.recall("a", "kayak", mode="vector")[0].node_id == "m3"
+            store.delete_units("a", ["m3"])
+            assert "m3" not in {h.node_id for h in reader.recall("a", "kayak", mode="vector")}

@@ -28,7 +28,14 @@ from pyflink.datastream.connectors.file_system import (
 
 from flink_memory import budgets
 from flink_memory.config import Config, ConfigError
-from flink_memory.flink.operators import DEAD_LETTERS, KEYED, MANIFESTS, ParseRecords, StageFunction
+from flink_memory.flink.operators import (
+    DEAD_LETTERS,
+    KEYED,
+    MANIFESTS,
+    STORE_ROWS,
+    ParseRecords,
+    StageFunction,
+)
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
 from flink_memory.kafka import is_kafka, parse_kafka_url
 from flink_memory.stages.batcher import BatcherCore
@@ -67,6 +74,8 @@ class MemoryStreams:
     summaries: DataStream
     manifests: DataStream
     dead_letters: DataStream
+    # rows the stages write to the store at once, beside the summaries (memory units as the batcher accepts them)
+    store_rows: DataStream | None = None
 
 
 def flink_configuration(config: Config, output_dir: str | None, restore: str | None = None,
@@ -185,7 +194,7 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
                          bounded: bool = False, parse: ParseRecords | None = None) -> MemoryStreams:
     """Add parse, plan, batch and merge to `stream` (JSON strings, dicts or our record models).
 
-    Returns the summary nodes, manifests and dead letters as DataStreams of JSON strings. The operator
+    Returns the summary nodes, manifests, dead letters and store rows as DataStreams of JSON strings. The operator
     uids are fixed (see UIDS), so a job that embeds these operators can restore their state. `bounded`
     (the input ends, e.g. a file read once): partial batches close and globals are made when the input
     ends, not on timeouts; otherwise `batching.flush_after_s` and `summarization.global_refresh_s` apply.
@@ -213,7 +222,9 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     dead = parsed.get_side_output(DEAD_LETTERS).union(
         planned.get_side_output(DEAD_LETTERS), batches.get_side_output(DEAD_LETTERS),
         summaries.get_side_output(DEAD_LETTERS))
-    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead)
+    rows = planned.get_side_output(STORE_ROWS).union(batches.get_side_output(STORE_ROWS),
+                                                     summaries.get_side_output(STORE_ROWS))
+    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, rows)
 
 
 def file_sink(base_path: str, name: str) -> FileSink:

@@ -1,4 +1,5 @@
-"""The store sink: every summary node is upserted into the live-memory store as the merger emits it.
+"""The store sink: every summary node is upserted into the live-memory store as the merger emits it, and
+every unit row as the batcher sends it (flink_memory.stages.unit_rows: a unit is searchable once accepted).
 
 Terminal and at-least-once by design: a node is written when it is produced, not when a checkpoint
 completes, and a replay after a failure writes the nodes again under the same (agent_id, node_id), which
@@ -17,6 +18,7 @@ from pyflink.datastream import DataStream, ProcessFunction, RuntimeContext
 
 from flink_memory.config import EmbeddingsConfig
 from flink_memory.embeddings import embedder_for
+from flink_memory.stages.unit_rows import unit_rows_of
 from flink_memory.store import MemoryStore, open_store
 from flink_memory.store.backfill import VectorBackfill
 from flink_memory.store.core import as_node
@@ -30,7 +32,8 @@ CLOSE_WAIT_S = 120.0  # how long closing waits for the last vectors (Flink cance
 
 
 class UpsertNodes(ProcessFunction):
-    """Opens the store in each subtask (creating the schema once) and upserts every node it receives."""
+    """Opens the store in each subtask (creating the schema once) and writes every node and unit row it
+    receives."""
 
     def __init__(self, url: str, embeddings: EmbeddingsConfig | None = None) -> None:
         self.url = url
@@ -45,10 +48,16 @@ class UpsertNodes(ProcessFunction):
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
         assert self.store is not None
-        node = as_node(value)
-        self.store.upsert([node])
-        if self.vectors is not None:
-            self.vectors.name([node.agent_id])
+        rows = unit_rows_of(value)
+        if rows is not None:
+            rows.apply(self.store)
+            agent = rows.agent_id
+        else:
+            node = as_node(value)
+            self.store.upsert([node])
+            agent = node.agent_id
+        if self.vectors is not None and (rows is None or rows.upsert):
+            self.vectors.name([agent])
 
     def close(self) -> None:
         if self.vectors is not None:
@@ -62,7 +71,8 @@ class UpsertNodes(ProcessFunction):
 
 
 def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None) -> DataStream:
-    """Write `streams.summaries` (summary-node JSON strings) into the store at `url` (SQLite path or
-    postgresql:// URL), embedded with `embeddings` (None: no vectors). Returns the terminal operator's
-    (empty) stream."""
-    return streams.summaries.process(UpsertNodes(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)
+    """Write `streams.summaries` (summary-node JSON strings) and `streams.store_rows` (unit rows) into the
+    store at `url` (SQLite path or postgresql:// URL), embedded with `embeddings` (None: no vectors).
+    Returns the terminal operator's (empty) stream."""
+    written = streams.summaries if streams.store_rows is None else streams.summaries.union(streams.store_rows)
+    return written.process(UpsertNodes(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)

@@ -9,6 +9,8 @@ batch was already emitted, that batch is summarized again from its remaining uni
 the old one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an empty node does). A batch's
 revision counts the changes that reached it, so batch ids never depend on when calls end. Emitted batches
 keep their units for `memory.editable_for` after their newest unit, then only the summary stays.
+
+Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
 from flink_memory.stages.protocol import Culprit
+from flink_memory.stages.unit_rows import accepted, dropped, forgotten
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
@@ -81,8 +84,6 @@ class StoredUnit(StateModel):
     arrived_ms: int | None = None  # None: stored before arrival times travelled with the unit (see HOMES)
 
 
-
-
 def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
     """The revision an emitted batch is made into, and what it replaces: the live node and every revision
     between (which the first attempt of a replay may have written)."""
@@ -121,6 +122,7 @@ class BatcherCore:
         state.put(UNITS, _key(seq), StoredUnit(unit=unit, arrived_ms=now_ms))
         state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
+        effects.rows.append(accepted(unit))  # searchable now, before its batch is summarized
         opened = [self._open_batch(state, meta, taken) for taken in
                   buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget)]
         summarized = False  # (only a batch summarized now can let batches leave: the others wait for a wake)
@@ -164,19 +166,19 @@ class BatcherCore:
             if done is None:
                 continue
             for unit in done.units:
-                effects.dead_letters.append(_dead_unit(unit, reason))
+                _drop(effects, unit, reason)
                 state.put(HOMES, unit.unit_id, None)
             revision, replaces = _next_revision(done)
             effects.out.append(self._node(state.key, seq, revision, [], "", None, replaces).model_dump_json())
             state.put(DONE, _key(seq), None)
         for key, stored in state.items(UNITS):
-            effects.dead_letters.append(_dead_unit(stored.unit, reason))
+            _drop(effects, stored.unit, reason)
             state.put(UNITS, key, None)
             state.put(HOMES, stored.unit.unit_id, None)
         for key, batch in state.items(BATCHES):
             if batch.text is None:  # it leaves as an empty node, replacing whatever a first attempt wrote
                 for unit in batch.units:
-                    effects.dead_letters.append(_dead_unit(unit, reason))
+                    _drop(effects, unit, reason)
                     state.put(HOMES, unit.unit_id, None)
                 state.put(BATCHES, key, batch.model_copy(update={"units": [], "text": "",
                                                                  "revision": batch.revision + 1}))
@@ -283,6 +285,7 @@ class BatcherCore:
         """Take units out wherever they are; batches already emitted are summarized again without them."""
         touched_pending: set[int] = set()
         touched_done: set[int] = set()
+        gone: list[str] = []  # (their rows leave the store at once)
         for unit_id in unit_ids:
             home = state.entry(HOMES, unit_id)
             if home is None:
@@ -290,6 +293,7 @@ class BatcherCore:
                 continue
             state.put(HOMES, unit_id, None)
             effects.counts["units_retracted"] += 1
+            gone.append(unit_id)
             if home.batch is None:
                 state.put(UNITS, _key(home.seq), None)
                 continue
@@ -300,6 +304,7 @@ class BatcherCore:
                     state.put(name, _key(home.batch), batch)
                     touched.add(home.batch)
                     break
+        effects.rows.extend(dropped(state.key, gone))
         for seq in sorted(touched_pending):  # (the call in flight for the old content is ignored)
             pending = state.entry(BATCHES, _key(seq))
             rebuilt = self._pending(seq, pending.units, pending.job.scale)
@@ -351,6 +356,7 @@ class BatcherCore:
         buffer.take()
         meta.next_emit, meta.resummarizing, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
         effects.out.append(ForgetAgent().model_dump_json())
+        effects.rows.append(forgotten(state.key))
 
     # --- bounded state -------------------------------------------------------------------------------
 
@@ -378,6 +384,8 @@ class BatcherCore:
         return effects
 
 
-def _dead_unit(unit: MemoryUnit, reason: str) -> DeadLetter:
-    return DeadLetter(raw=unit.model_dump_json(), reason=reason, stage="internal", agent_id=unit.agent_id,
-                      record_id=unit.source_id)
+def _drop(effects: Effects, unit: MemoryUnit, reason: str) -> None:
+    """A unit evicted: a dead letter, and out of the store."""
+    effects.dead_letters.append(DeadLetter(raw=unit.model_dump_json(), reason=reason, stage="internal",
+                                           agent_id=unit.agent_id, record_id=unit.source_id))
+    effects.rows.extend(dropped(unit.agent_id, [unit.unit_id]))

@@ -6,7 +6,16 @@ from typing import Any
 
 from flink_memory.databases import PostgresConnection, redact_url
 from flink_memory.store.core import tsquery_term
-from flink_memory.store.sql import HIT, INIT_META, META, NODES, REPLACED, MemoryStore, StoreError
+from flink_memory.store.sql import (
+    CREATE_GENERATIONS,
+    HIT,
+    INIT_META,
+    META,
+    NODES,
+    REPLACED,
+    MemoryStore,
+    StoreError,
+)
 
 
 class PostgresStore(MemoryStore):
@@ -51,6 +60,7 @@ class PostgresStore(MemoryStore):
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_tsv ON {NODES} USING GIN (tsv)")
+            conn.execute(CREATE_GENERATIONS)
             conn.execute(f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
                          "PRIMARY KEY (agent_id, node_id))")
 

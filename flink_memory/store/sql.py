@@ -40,6 +40,8 @@ from flink_memory.store.core import (
     specificity_steps,
 )
 from flink_memory.store.ranking import Candidate, Fusion, rank
+from flink_memory.store.vectors import VectorCache
+from flink_memory.store.vectors import cosines as nearest_cosines
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
@@ -52,6 +54,7 @@ SCHEMA_VERSION = 1
 NODES = "flink_memory_nodes"
 REPLACED = "flink_memory_replaced"
 META = "flink_memory_store_meta"
+GENERATIONS = "flink_memory_generations"  # per agent: bumped by every write (flink_memory.store.vectors)
 FTS = "flink_memory_nodes_fts"  # SQLite only: FTS5 over the text of NODES (PostgreSQL: a tsvector column)
 COLUMNS = ("agent_id", "node_id", "kind", "level", "steps", "version", "item_count", "first_ts", "last_ts", "text",
            "body", "digest")
@@ -81,6 +84,7 @@ COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? 
          f"AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
 UNCOVERED = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND covered_by = ?"
 DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}'"
+FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}'"
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
 NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind <> '{UNIT_KIND}'"
 ALL_OF_AGENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind <> '{UNIT_KIND}' ORDER BY steps, node_id"
@@ -89,6 +93,10 @@ ROWS_OF_AGENT = f"SELECT count(*) FROM {NODES} WHERE agent_id = ?"
 UNEMBEDDED = f"SELECT node_id, text, digest FROM {NODES} WHERE agent_id = ? AND vector IS NULL AND text <> ''"
 SET_VECTOR = f"UPDATE {NODES} SET vector = ? WHERE agent_id = ? AND node_id = ? AND digest = ?"
 VECTORS_OF_AGENT = f"SELECT node_id, vector FROM {NODES} WHERE agent_id = ? AND vector IS NOT NULL"
+BUMP = (f"INSERT INTO {GENERATIONS} (agent_id, generation) VALUES (?, 1) ON CONFLICT (agent_id) "
+        f"DO UPDATE SET generation = {GENERATIONS}.generation + 1")
+GENERATION = f"SELECT generation FROM {GENERATIONS} WHERE agent_id = ?"
+CREATE_GENERATIONS = f"CREATE TABLE IF NOT EXISTS {GENERATIONS} (agent_id TEXT PRIMARY KEY, generation BIGINT NOT NULL)"
 META_VALUE = f"SELECT value FROM {META} WHERE key = ?"
 SET_META = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
 AGENTS = f"SELECT DISTINCT agent_id FROM {NODES} ORDER BY agent_id"
@@ -144,6 +152,7 @@ class MemoryStore(ABC):
     location: str
     embedder: Embedder | None = None
     missing_table: tuple[type[Exception], ...] = ()  # what the driver raises for a table that is not there
+    _vector_cache: VectorCache | None = None  # this reader's per-agent matrices
 
     @abstractmethod
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
@@ -159,6 +168,18 @@ class MemoryStore(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def _commit(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+        """`_write`, and the agents' generations move on (readers reload their cached vectors)."""
+        self._write(agents, statements + [(self._sql(BUMP), (agent,)) for agent in agents])
+
+    def _generation(self, agent_id: str) -> int | None:
+        """The agent's generation (0: never written); None for a store written before generations."""
+        try:
+            rows = self._fetch(self._sql(GENERATION), (agent_id,))
+        except self.missing_table:
+            return None
+        return int(rows[0][0]) if rows else 0
 
     def _sql(self, statement: str) -> str:
         return statement.replace("?", self.placeholder)
@@ -204,7 +225,7 @@ class MemoryStore(ABC):
         for node in parsed:
             statements += [(self._sql(UNCOVERED), (node.agent_id, old)) for old in node.replaces]
         agents = sorted({n.agent_id for n in parsed})
-        self._write(agents, statements)
+        self._commit(agents, statements)
         self.embed_pending(agents)
         return len(parsed)
 
@@ -215,7 +236,7 @@ class MemoryStore(ABC):
         if not parsed:
             return 0
         agents = sorted({u.agent_id for u in parsed})
-        self._write(agents, [(self._sql(UPSERT_UNIT), unit_row(u)) for u in parsed])
+        self._commit(agents, [(self._sql(UPSERT_UNIT), unit_row(u)) for u in parsed])
         self.embed_pending(agents)
         return len(parsed)
 
@@ -223,7 +244,11 @@ class MemoryStore(ABC):
         """Remove units (deleted, or dropped by a forget) with their vectors."""
         statements = [(self._sql(DELETE_UNIT), (agent_id, UNIT_PREFIX + u)) for u in unit_ids]
         if statements:
-            self._write([agent_id], statements)
+            self._commit([agent_id], statements)
+
+    def forget_units(self, agent_id: str) -> None:
+        """Remove every unit of the agent (a forget) with their vectors; its nodes go when replaced."""
+        self._commit([agent_id], [(self._sql(FORGET_UNITS), (agent_id,))])
 
     def embedding_model(self) -> str | None:
         """The model of the store's vectors (None: no vectors yet)."""
@@ -260,7 +285,7 @@ class MemoryStore(ABC):
                 continue
             vectors = self.embedder.passages([text for _, text, _ in rows])
             self._check_model(self.embedder, record=True)
-            self._write([agent], [(self._sql(SET_VECTOR), (to_bytes(v), agent, key, digest))
+            self._commit([agent], [(self._sql(SET_VECTOR), (to_bytes(v), agent, key, digest))
                                   for (key, _, digest), v in zip(rows, vectors)])
             done += len(rows)
         return done
@@ -317,7 +342,7 @@ class MemoryStore(ABC):
         rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
         cosines: dict[str, float] = {}
         if mode != "keyword" and self.embedder is not None and self._check_model(self.embedder, record=False):
-            cosines = self._cosines(agent_id, self.embedder.query(query))
+            cosines = self._cosines(agent_id, self.embedder.query(query), rows)
             nearest = sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES]
             missing = [key for key in nearest if key not in rows]
             if missing:
@@ -330,15 +355,14 @@ class MemoryStore(ABC):
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
         return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion)]
 
-    def _cosines(self, agent_id: str, question: Any) -> dict[str, float]:
-        """Cosine of every embedded row of the agent with the question's (unit) vector: an exact search."""
-        import numpy as np
-
-        found = self._fetch(self._sql(VECTORS_OF_AGENT), (agent_id,))
-        if not found:
-            return {}
-        matrix = np.frombuffer(b"".join(bytes(v) for _, v in found), dtype="<f4").reshape(len(found), -1)
-        return dict(zip((key for key, _ in found), (matrix @ question).tolist()))
+    def _cosines(self, agent_id: str, question: Any, also: Iterable[str]) -> dict[str, float]:
+        """Cosines of the agent's nearest embedded rows and of the rows `also` names: an exact search over
+        the agent's vectors, kept in memory while the agent's generation stays (flink_memory.store.vectors)."""
+        if self._vector_cache is None:
+            self._vector_cache = VectorCache()
+        vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),
+                                             lambda agent: self._fetch(self._sql(VECTORS_OF_AGENT), (agent,)))
+        return nearest_cosines(vectors, question, VECTOR_CANDIDATES, also)
 
     def __enter__(self) -> MemoryStore:
         return self

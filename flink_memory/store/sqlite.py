@@ -10,6 +10,7 @@ from flink_memory.databases import sqlite_connect, sqlite_path
 from flink_memory.store.core import fts5_query
 from flink_memory.store.sql import (
     ADDED,
+    CREATE_GENERATIONS,
     FTS,
     HIT,
     INIT_META,
@@ -24,7 +25,7 @@ from flink_memory.store.sql import (
 
 class SqliteStore(MemoryStore):
     """Full text by FTS5 (external content over the nodes table, porter stemmer, kept in step by triggers),
-    which finds the candidates; vectors are searched exactly per agent. A writer holds the file's write lock
+    which finds the candidates; vectors are searched exactly per agent (flink_memory.store.vectors). A writer holds the file's write lock
     (BEGIN IMMEDIATE) for one upsert call."""
 
     missing_table = (sqlite3.OperationalError,)
@@ -55,6 +56,7 @@ class SqliteStore(MemoryStore):
                 covered_by TEXT, digest TEXT, vector BLOB,
                 UNIQUE (agent_id, node_id));
             CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version);
+            {CREATE_GENERATIONS};
             CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL,
                 PRIMARY KEY (agent_id, node_id));
             CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5(

@@ -1,0 +1,70 @@
+"""Exact vector search per agent from a matrix kept in memory, reloaded only when the agent's rows changed.
+
+Reading an agent's vectors from the database costs far more than the search itself (100 000 rows: about a
+second from SQLite, a few milliseconds as one matrix product), so a reader keeps each agent's matrix and the
+store's generation of that agent (`flink_memory_generations`, bumped by every write that touches the agent,
+in the same transaction). A recall reads the generation (one indexed row) and reloads only when it moved.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
+
+MAX_AGENTS = 16  # agents whose matrices a reader keeps (least recently used leave first)
+
+
+@dataclass
+class AgentVectors:
+    generation: int | None
+    keys: list[str]
+    index: dict[str, int]
+    matrix: np.ndarray
+
+
+class VectorCache:
+    """Per-agent matrices of one reader; `load(agent)` reads (key, vector bytes) rows from the store."""
+
+    def __init__(self, max_agents: int = MAX_AGENTS) -> None:
+        self.max_agents = max_agents
+        self._agents: OrderedDict[str, AgentVectors] = OrderedDict()
+
+    def vectors(self, agent_id: str, generation: int | None,
+                load: Callable[[str], list[tuple[str, bytes]]]) -> AgentVectors:
+        import numpy as np  # (loaded by the first recall by meaning, not by every reader of the store)
+
+        cached = self._agents.get(agent_id)
+        if cached is not None and generation is not None and cached.generation == generation:
+            self._agents.move_to_end(agent_id)
+            return cached
+        found = load(agent_id)
+        keys = [key for key, _ in found]
+        matrix = (np.frombuffer(b"".join(bytes(v) for _, v in found), dtype="<f4").reshape(len(found), -1)
+                  if found else np.zeros((0, 0), dtype="<f4"))
+        loaded = AgentVectors(generation, keys, {key: i for i, key in enumerate(keys)}, matrix)
+        if generation is not None:  # (a store without generations: nothing tells when to reload)
+            self._agents[agent_id] = loaded
+            while len(self._agents) > self.max_agents:
+                self._agents.popitem(last=False)
+        return loaded
+
+
+def cosines(vectors: AgentVectors, question: np.ndarray, nearest: int, also: Iterable[str]) -> dict[str, float]:
+    """Cosine of the `nearest` rows closest to the (unit) question vector, and of the rows `also` names."""
+    import numpy as np
+
+    if not vectors.keys:
+        return {}
+    scores = vectors.matrix @ question
+    top = np.argpartition(-scores, nearest - 1)[:nearest] if len(scores) > nearest else np.arange(len(scores))
+    picked = {vectors.keys[i]: float(scores[i]) for i in top.tolist()}
+    for key in also:
+        i = vectors.index.get(key)
+        if i is not None:
+            picked[key] = float(scores[i])
+    return picked
