@@ -87,10 +87,12 @@ def build_service(options: ServeOptions, embedder: Any = None) -> tuple[MemorySe
     return MemoryService(options.store, writer, embedder=embedder, read_only=options.read_only), keyring
 
 
-def http_app(service: MemoryService, keyring: KeyRing | None, host: str) -> Any:
+def http_app(service: MemoryService, keyring: KeyRing | None, host: str, body_timeout_s: float = BODY_TIMEOUT_S
+             ) -> Any:
+    """The API and MCP (stateless streamable HTTP: every request carries its key) behind the Guard."""
     mcp = build_mcp(service)
     mcp_app = mcp.streamable_http_app(stateless_http=True, json_response=True, host=host)
-    return create_app(service, keyring, mcp_app=mcp_app, body_timeout_s=BODY_TIMEOUT_S)
+    return create_app(service, keyring, mcp_app=mcp_app, body_timeout_s=body_timeout_s)
 
 
 def uvicorn_config(app: Any, host: str, port: int, sock: socket.socket | None = None) -> uvicorn.Config:
