@@ -56,7 +56,7 @@ def test_health_and_the_openapi_document(base):
     remember = doc["paths"]["/v1/agents/{agent_id}/memories"]["post"]
     assert remember["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/RememberRequest"}
-    assert "text" in doc["components"]["schemas"]["RememberRequest"]["properties"]
+    assert "text" in doc["components"]["schemas"]["RememberText"]["properties"]
 
 
 def test_memory_and_the_live_tree(base):

@@ -12,16 +12,18 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Path, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
 
 from flink_memory.service.guard import Guard
 from flink_memory.service.keys import KeyRing
 from flink_memory.service.memory import MemoryService, ServiceError
 from flink_memory.service.models import (
+    ID_PATTERN,
     Accepted,
     Health,
     MemoryResponse,
@@ -81,7 +83,7 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
     def grant(request: Request) -> Any:
         return request.scope["state"]["grant"]
 
-    @app.get("/v1/health", response_model=Health, tags=["service"])
+    @app.get("/v1/health", response_model=Health, tags=["service"], openapi_extra={"security": []})
     def health() -> Health:
         """Whether the store can be read, and where writes go."""
         return service.health()
@@ -107,7 +109,8 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
 
     @app.delete("/v1/agents/{agent_id}/memories/{record_id}", status_code=202, response_model=Accepted,
                 responses=WRITE, tags=["write"])
-    def delete(agent_id: str, record_id: str, request: Request) -> Accepted:
+    def delete(agent_id: str, request: Request,
+               record_id: str = Path(json_schema_extra={"pattern": ID_PATTERN, "maxLength": 512})) -> Accepted:
         """Retract a record: its text leaves every unit and summary once the job applies it."""
         return service.delete(grant(request), agent_id, record_id)
 
@@ -122,11 +125,12 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
             schema = original()
-            schema["components"]["schemas"]["RememberRequest"] = RememberRequest.model_json_schema(
-                ref_template="#/components/schemas/{model}")
-            schema["components"]["schemas"].update(
-                RememberRequest.model_json_schema(ref_template="#/components/schemas/{model}").pop("$defs", {}))
-            schema["components"]["schemas"]["RememberRequest"].pop("$defs", None)
+            components = schema["components"]["schemas"]
+            remember = TypeAdapter(RememberRequest).json_schema(ref_template="#/components/schemas/{model}")
+            components.update(remember.pop("$defs", {}))
+            components["RememberRequest"] = remember
+            if service.embedder is None:  # this server recalls by keyword only
+                components["RecallRequest"]["properties"]["mode"]["enum"] = ["hybrid", "keyword"]
             schema["components"]["securitySchemes"] = {"key": {"type": "http", "scheme": "bearer"}}
             schema["security"] = [{"key": []}]
             app.openapi_schema = schema

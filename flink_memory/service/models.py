@@ -9,7 +9,7 @@ dead-letter is refused with the job's reason.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -50,17 +50,42 @@ class MemoryResponse(_Body):
     tree: list[TreeEntry] | None = Field(None, description="with ?tree=true: the live tree below it, depth first")
 
 
-class RememberRequest(_Body):
-    """An input record without agent_id: exactly one of text, messages, chunks (with trusted: true)."""
+# What the job accepts as a record id, for the OpenAPI document (the job's own check decides: parse_line):
+# not blank, no control characters, not ending in '#' and digits (the ids of a record's parts)
+ID_PATTERN = r"^(?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f0-9]|[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f#0-9][0-9]+|[0-9]+)$"
+RecordId = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={"pattern": ID_PATTERN})]
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"}, description="RFC 3339 with offset")]
 
-    id: str | None = Field(None, description="unique per agent; the same id with new content is an update "
-                                             "(default: a new random id)")
-    ts: str | None = Field(None, description="RFC 3339 with offset")
+
+class _Remember(_Body):
+    id: RecordId | None = Field(None, description="unique per agent; the same id with new content is an update "
+                                                  "(default: a new random id)")
+    ts: Timestamp | None = None
     metadata: dict[str, Any] | None = None
-    text: str | None = None
-    messages: list[Message] | None = None
-    chunks: list[list[Message]] | None = None
-    trusted: bool | None = None
+
+
+class RememberText(_Remember):
+    """A fact, a note or a document."""
+
+    text: Annotated[str, Field(min_length=1, json_schema_extra={"pattern": r"\S"})]
+
+
+class RememberConversation(_Remember):
+    """A conversation; a long one is cut into topic chunks."""
+
+    messages: list[Message] = Field(min_length=1)
+
+
+class RememberTrusted(_Remember):
+    """A conversation the sender already cut into chunks."""
+
+    trusted: Literal[True]
+    chunks: list[Annotated[list[Message], Field(min_length=1)]] = Field(min_length=1)
+
+
+# The body of POST .../memories: an input record without agent_id. It documents the shapes only: the body is
+# checked by the job's own rules (parse_line), never by these models.
+RememberRequest = RememberText | RememberConversation | RememberTrusted
 
 
 class Accepted(_Body):
