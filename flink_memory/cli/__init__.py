@@ -1,4 +1,5 @@
-"""flink-memory: run the job locally, serve the embedded model, read an agent's memory (show, recall)."""
+"""flink-memory: run the job locally, serve the embedded model, read an agent's memory (show, recall), serve
+it to agents over HTTP and MCP (serve, keys)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 from flink_memory.cli.args import add_job_arguments, positive, show_config
 from flink_memory.cli.read import read_memory
 from flink_memory.cli.run import run_job, serve_llm
+from flink_memory.cli.serve import add_commands as add_service_commands
 from flink_memory.config import ConfigError
 
 
@@ -55,6 +57,7 @@ def main(argv: list[str] | None = None) -> int:
     recall.add_argument("--config", help="for the embeddings.* settings of a query by meaning")
     recall.add_argument("--set", dest="overrides", action="append", default=[])
     recall.set_defaults(handler=read_memory)
+    add_service_commands(commands)
     show = commands.add_parser("config", help="print the effective configuration and its fingerprints")
     show.add_argument("--config")
     show.add_argument("--set", dest="overrides", action="append", default=[])

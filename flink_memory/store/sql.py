@@ -100,6 +100,7 @@ CREATE_GENERATIONS = f"CREATE TABLE IF NOT EXISTS {GENERATIONS} (agent_id TEXT P
 META_VALUE = f"SELECT value FROM {META} WHERE key = ?"
 SET_META = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
 AGENTS = f"SELECT DISTINCT agent_id FROM {NODES} ORDER BY agent_id"
+HAS_AGENT = f"SELECT 1 FROM {NODES} WHERE agent_id = ? LIMIT 1"
 SCHEMA = f"SELECT value FROM {META} WHERE key = 'schema_version'"
 INIT_META = f"INSERT INTO {META} (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}') ON CONFLICT DO NOTHING"
 
@@ -325,6 +326,10 @@ class MemoryStore(ABC):
     def agents(self) -> list[str]:
         """Agents with at least one live node or unit, sorted."""
         return [row[0] for row in self._fetch(self._sql(AGENTS), ())]
+
+    def has_agent(self, agent_id: str) -> bool:
+        """True when the agent has a live node or unit (one indexed lookup, not a scan of every agent)."""
+        return bool(self._fetch(self._sql(HAS_AGENT), (agent_id,)))
 
     def recall(self, agent_id: str, query: str, k: int = 5, mode: Mode | None = None,
                fusion: Fusion = "weighted") -> list[Recalled]:

@@ -1,0 +1,203 @@
+"""What the service does, in plain Python: the HTTP API and the MCP tools are two doors to these methods.
+
+Reads go to the store; writes become input records of the running job (flink_memory.service.writer), each
+validated exactly as the job validates its input (`parse_line`): what the job would dead-letter is refused
+here with the job's reason. An agent the caller's key does not grant is answered exactly like an agent that
+does not exist (`NotFound`, one message for both), so a key cannot learn which agents exist.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import uuid
+from typing import TYPE_CHECKING, Any, Protocol
+
+from flink_memory.records import DeadLetter, parse_line
+from flink_memory.service.models import (
+    ACCEPTED_DETAIL,
+    Accepted,
+    Health,
+    MemoryResponse,
+    RecallRequest,
+    RecallResponse,
+    TreeEntry,
+)
+from flink_memory.service.writer import RecordWriter, WriteFailed, as_line
+from flink_memory.store import MemoryStore, StoreError, StoreNotFound, open_store
+from flink_memory.store.core import walk_tree
+
+if TYPE_CHECKING:
+    from flink_memory.embeddings import Embedder
+
+
+class ServiceError(Exception):
+    """An answer other than success; `status` is its HTTP status, the message its readable reason."""
+
+    status = 500
+
+
+class NotFound(ServiceError):
+    status = 404
+
+    def __init__(self, agent_id: str) -> None:
+        super().__init__(f"no memory for agent {agent_id!r}")
+
+
+class Rejected(ServiceError):
+    """A request the job would not accept (its dead-letter reason), or one this server cannot answer."""
+
+    status = 422
+
+
+class ReadOnly(ServiceError):
+    status = 403
+
+
+class Unavailable(ServiceError):
+    status = 503
+
+
+class Grant(Protocol):
+    def allows(self, agent_id: str) -> bool: ...
+
+
+class Everyone:
+    """The grant of a server without --keys (loopback only): every agent."""
+
+    def allows(self, agent_id: str) -> bool:
+        return True
+
+
+class MemoryService:
+    """One store (opened when first needed: the job may not have created it yet) and one writer (None:
+    read-only). Safe to call from many threads."""
+
+    def __init__(self, store_url: str, writer: RecordWriter | None = None, *, embedder: Embedder | None = None,
+                 read_only: bool = False) -> None:
+        self.store_url = store_url
+        self.writer = None if read_only else writer
+        self.embedder = embedder
+        self._store: MemoryStore | None = None
+        self._opening = threading.Lock()
+        self._embedding = threading.Lock()  # the embedder's cache is not thread-safe
+
+    # --- plumbing ------------------------------------------------------------------------------------
+
+    def store(self) -> MemoryStore:
+        if self._store is None:
+            with self._opening:
+                if self._store is None:
+                    try:
+                        self._store = open_store(self.store_url, embedder=self.embedder)
+                    except StoreNotFound as exc:
+                        raise Unavailable(f"{exc} yet: the job creates it when it first writes") from None
+                    except StoreError as exc:
+                        raise Unavailable(str(exc)) from None
+        return self._store
+
+    def _agent(self, grant: Grant, agent_id: str) -> MemoryStore:
+        """The store, when `agent_id` is granted and has memory; otherwise NotFound (the same for both)."""
+        if not grant.allows(agent_id):
+            raise NotFound(agent_id)
+        store = self.store()
+        if not store.has_agent(agent_id):
+            raise NotFound(agent_id)
+        return store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+        if self.writer is not None:
+            self.writer.close()
+
+    def health(self) -> Health:
+        try:
+            self.store()
+            state = "ok"
+        except Unavailable as exc:
+            state = str(exc)
+        return Health(status="ok" if state == "ok" else "degraded", store=state,
+                      writes=self.writer.target if self.writer is not None else "read-only")  # type: ignore[arg-type]
+
+    # --- reads ---------------------------------------------------------------------------------------
+
+    def memory(self, grant: Grant, agent_id: str, tree: bool = False) -> MemoryResponse:
+        """The agent's current global summary, and with `tree` the live tree below it."""
+        store = self._agent(grant, agent_id)
+        current = store.current(agent_id)
+        entries = None
+        if tree and current is not None:
+            walked = walk_tree(current, lambda n: store.children(agent_id, n.node_id))
+            entries = [TreeEntry(depth=d, node=n, missing_children=m) for d, n, m in walked]
+        return MemoryResponse(agent_id=agent_id, memory=current, tree=entries)
+
+    def recall(self, grant: Grant, agent_id: str, request: RecallRequest) -> RecallResponse:
+        """The agent's live units and nodes that best match the question."""
+        store = self._agent(grant, agent_id)
+        mode = request.mode
+        if self.embedder is None and mode == "hybrid":
+            mode = "keyword"
+        if self.embedder is None and mode == "vector":
+            raise Rejected("recall by meaning is off on this server (embeddings.provider: none); use mode keyword")
+        try:
+            if mode == "keyword":
+                hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
+            else:
+                with self._embedding:
+                    hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
+        except StoreError as exc:
+            raise Unavailable(str(exc)) from None
+        return RecallResponse(hits=hits)
+
+    # --- writes: input records for the job --------------------------------------------------------------
+
+    def _send(self, grant: Grant, agent_id: str, record: dict[str, Any]) -> Accepted:
+        """Validate a record as the job does, then hand it to the job's input."""
+        if not grant.allows(agent_id):
+            raise NotFound(agent_id)
+        if self.writer is None:
+            raise ReadOnly("this server is read-only: it does not write to the job's input")
+        line = as_line(record)
+        parsed = parse_line(line)
+        if isinstance(parsed, DeadLetter):
+            raise Rejected(parsed.reason)
+        try:
+            self.writer.write(agent_id, line)
+        except WriteFailed as exc:
+            raise Unavailable(str(exc)) from None
+        return Accepted(id=getattr(parsed, "id", agent_id), kind=parsed.kind, detail=ACCEPTED_DETAIL)
+
+    def remember(self, grant: Grant, agent_id: str, body: bytes | str | dict[str, Any]) -> Accepted:
+        """A new memory (or an update of one, by its id): an input record without agent_id, raw or parsed."""
+        if not isinstance(body, dict):
+            try:
+                body = json.loads(body)
+            except RecursionError:
+                raise Rejected("invalid JSON: nested too deeply") from None
+            except ValueError as exc:
+                raise Rejected(f"invalid JSON: {exc}") from None
+            if not isinstance(body, dict):
+                raise Rejected(f"a record must be a JSON object, got {type(body).__name__}")
+        if "agent_id" in body:
+            raise Rejected("agent_id: comes from the path (or the key), not from the record")
+        for change in ("deleted", "forget"):
+            if change in body:
+                raise Rejected(f"{change}: a deletion or forget is a DELETE request (or the forget_memory tool)")
+        record_id = body.get("id")
+        if record_id is None:
+            record_id = f"mem-{uuid.uuid4().hex}"
+        record = {"agent_id": agent_id, **body, "id": record_id}
+        if record.get("metadata") is None:
+            record.pop("metadata", None)
+        if record.get("ts") is None:
+            record.pop("ts", None)
+        return self._send(grant, agent_id, record)
+
+    def delete(self, grant: Grant, agent_id: str, record_id: str) -> Accepted:
+        """Retract one record (its units leave the store and every summary once the job applies it)."""
+        return self._send(grant, agent_id, {"agent_id": agent_id, "id": record_id, "deleted": True})
+
+    def forget(self, grant: Grant, agent_id: str) -> Accepted:
+        """Drop everything of the agent."""
+        return self._send(grant, agent_id, {"agent_id": agent_id, "forget": True})

@@ -1,0 +1,109 @@
+"""The service's request and answer bodies: pydantic models, so the HTTP API validates them and its OpenAPI
+document describes them, and the MCP tools answer the same shapes.
+
+Limits keep every request cheap to answer: a question of at most MAX_QUESTION characters, at most MAX_K hits.
+A write body (`RememberRequest`) is the job's input record without `agent_id` (the path names the agent);
+its content rules are the job's own (`flink_memory.records.parse_line`), so a record the job would
+dead-letter is refused with the job's reason.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flink_memory.records import Message, SummaryNode
+from flink_memory.store import Recalled
+
+MAX_QUESTION = 2000
+MAX_K = 100
+MAX_BODY_BYTES = 1 << 20
+
+Mode = Literal["hybrid", "keyword", "vector"]
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RecallRequest(_Body):
+    question: str = Field(min_length=1, max_length=MAX_QUESTION, description="a question or keywords")
+    k: int = Field(5, ge=1, le=MAX_K, description="how many units and nodes")
+    mode: Mode = Field("hybrid", description="keyword, by meaning (vector) or both (hybrid); hybrid is keyword "
+                                             "on a server without embeddings")
+
+
+class RecallResponse(_Body):
+    hits: list[Recalled]
+
+
+class TreeEntry(_Body):
+    depth: int
+    node: SummaryNode
+    missing_children: int = Field(description="children a retention mode did not store")
+
+
+class MemoryResponse(_Body):
+    agent_id: str
+    memory: SummaryNode | None = Field(description="the current global summary (null: none yet)")
+    tree: list[TreeEntry] | None = Field(None, description="with ?tree=true: the live tree below it, depth first")
+
+
+# What the job accepts as a record id, for the OpenAPI document (the job's own check decides: parse_line):
+# not blank, no control characters, not ending in '#' and digits (the ids of a record's parts)
+ID_PATTERN = r"^(?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f0-9]|[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f#0-9][0-9]+|[0-9]+)$"
+RecordId = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={"pattern": ID_PATTERN})]
+Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"}, description="RFC 3339 with offset")]
+
+
+class _Remember(_Body):
+    id: RecordId | None = Field(None, description="unique per agent; the same id with new content is an update "
+                                                  "(default: a new random id)")
+    ts: Timestamp | None = None
+    metadata: dict[str, Any] | None = None
+
+
+class RememberText(_Remember):
+    """A fact, a note or a document."""
+
+    text: Annotated[str, Field(min_length=1, json_schema_extra={"pattern": r"\S"})]
+
+
+class RememberConversation(_Remember):
+    """A conversation; a long one is cut into topic chunks."""
+
+    messages: list[Message] = Field(min_length=1)
+
+
+class RememberTrusted(_Remember):
+    """A conversation the sender already cut into chunks."""
+
+    trusted: Literal[True]
+    chunks: list[Annotated[list[Message], Field(min_length=1)]] = Field(min_length=1)
+
+
+# The body of POST .../memories: an input record without agent_id. It documents the shapes only: the body is
+# checked by the job's own rules (parse_line), never by these models.
+RememberRequest = RememberText | RememberConversation | RememberTrusted
+
+
+class Accepted(_Body):
+    id: str = Field(description="the record id (a deletion: the id deleted)")
+    kind: Literal["item", "conversation", "trusted", "deletion", "forget"]
+    status: Literal["accepted"] = "accepted"
+    detail: str = Field(description="when a reader sees it")
+
+
+class Health(_Body):
+    status: Literal["ok", "degraded"]
+    store: str = Field(description="ok, or why the store cannot be read yet")
+    writes: Literal["directory", "kafka", "read-only"]
+
+
+class Problem(_Body):
+    detail: str
+
+
+ACCEPTED_DETAIL = ("handed to the running job: its memory units are searchable once the job's batcher accepts "
+                   "them (seconds), its summaries once their batch is summarized (batching.flush_after_s at most)")

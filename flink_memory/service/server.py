@@ -1,0 +1,120 @@
+"""The `flink-memory serve` process: the API and MCP over HTTP (uvicorn), or the MCP tools over stdio.
+
+Without a keys file the server answers everyone, so it refuses to listen anywhere but loopback. Slow clients
+are cut off: a connection that has not sent a complete request head within HEAD_TIMEOUT_S is closed, a body
+must arrive within BODY_TIMEOUT_S (408, flink_memory.service.guard), idle keep-alive connections close after
+KEEP_ALIVE_S, and at most MAX_CONNECTIONS are served at once (503 beyond).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ipaddress
+import logging
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from flink_memory.service.http import create_app
+from flink_memory.service.keys import KeyRing
+from flink_memory.service.memory import MemoryService
+from flink_memory.service.tools import OneAgent, build_mcp
+from flink_memory.service.writer import open_writer
+
+HEAD_TIMEOUT_S = 10.0
+BODY_TIMEOUT_S = 10.0
+KEEP_ALIVE_S = 5
+MAX_CONNECTIONS = 512
+
+
+class ServeError(ValueError):
+    """A server that must not start (the message says why)."""
+
+
+@dataclass
+class ServeOptions:
+    store: str
+    host: str = "127.0.0.1"
+    port: int = 8765
+    keys: str | None = None
+    input: str | None = None
+    read_only: bool = False
+    agent: str | None = None  # stdio: the one agent the tools serve
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+class TimedH11Protocol(H11Protocol):
+    """uvicorn's HTTP/1.1 protocol, closing a connection that sends no complete request head in time (uvicorn
+    itself times out only idle keep-alive connections, not a client that trickles its headers)."""
+
+    head_timeout_s = HEAD_TIMEOUT_S
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm_head_timer()
+
+    def _arm_head_timer(self) -> None:
+        waiting_after = self.cycle
+
+        def expire() -> None:
+            if self.cycle is waiting_after and not self.transport.is_closing():
+                self.transport.close()
+
+        self.loop.call_later(self.head_timeout_s, expire)
+
+
+def build_service(options: ServeOptions, embedder: Any = None) -> tuple[MemoryService, KeyRing | None]:
+    if options.keys is None and options.host and not is_loopback(options.host):
+        raise ServeError(f"--host {options.host}: without --keys the server answers every caller, so it listens "
+                         "on loopback only (127.0.0.1, ::1); make keys with `flink-memory keys add`")
+    keyring = KeyRing(options.keys) if options.keys else None
+    writer = None if options.read_only else open_writer(options.input)
+    return MemoryService(options.store, writer, embedder=embedder, read_only=options.read_only), keyring
+
+
+def http_app(service: MemoryService, keyring: KeyRing | None, host: str, body_timeout_s: float = BODY_TIMEOUT_S
+             ) -> Any:
+    """The API and MCP (stateless streamable HTTP: every request carries its key) behind the Guard."""
+    mcp = build_mcp(service)
+    mcp_app = mcp.streamable_http_app(stateless_http=True, json_response=True, host=host)
+    return create_app(service, keyring, mcp_app=mcp_app, body_timeout_s=body_timeout_s)
+
+
+def uvicorn_config(app: Any, host: str, port: int, sock: socket.socket | None = None) -> uvicorn.Config:
+    return uvicorn.Config(app, host=host, port=port, http=TimedH11Protocol, lifespan="on", access_log=False,
+                          log_level="warning", timeout_keep_alive=KEEP_ALIVE_S, limit_concurrency=MAX_CONNECTIONS,
+                          h11_max_incomplete_event_size=64 * 1024, server_header=False)
+
+
+def serve_http(options: ServeOptions, embedder: Any = None) -> None:
+    """Serve until interrupted."""
+    service, keyring = build_service(options, embedder)
+    config = uvicorn_config(http_app(service, keyring, options.host), options.host, options.port)
+    logging.getLogger("flink_memory.service").info("serving on %s:%s", options.host, options.port)
+    uvicorn.Server(config).run()
+
+
+def serve_stdio(options: ServeOptions, embedder: Any = None) -> None:
+    """The MCP tools over stdin/stdout, for a local assistant that starts this process."""
+    service, _ = build_service(ServeOptions(store=options.store, input=options.input, read_only=options.read_only),
+                               embedder)
+    grant = OneAgent(options.agent) if options.agent else None
+    try:
+        build_mcp(service, stdio_grant=grant).run("stdio")
+    finally:
+        service.close()
