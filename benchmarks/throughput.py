@@ -8,6 +8,9 @@
    against flink-memory on the same input and environment: bare wall time / ours (1.0: no overhead).
 3. Calls: what the job paid against the least its input needs (full batches, the tree's merges and one
    final global per agent, from the batch counts the input implies).
+4. Embeddings (`--embeddings`): the overhead workload again with the offline embedding model on (the other
+   cases run with `embeddings.provider=none`, so they measure the pipeline): wall time on / off, and the
+   store rows still without a vector when the job ended.
 
 Run: `python benchmarks/throughput.py` (a few minutes on 2 cores); `--json PATH` writes the numbers. The
 defaults are the workload of issue 11: 2 000 items of 50 agents in batches of 25 at 8 concurrent calls of
@@ -37,8 +40,9 @@ from flink_memory.summarize.prompts import request_purpose  # noqa: E402
 
 
 def run_memory_job(workdir: Path, input_path: Path, server: ScriptedServer, *overrides: str) -> tuple[float, dict]:
+    """The job on the input; embeddings off unless an override turns them on (the pipeline is measured)."""
     output = workdir / "out"
-    config = config_for(server.base_url, *overrides)
+    config = config_for(server.base_url, "embeddings.provider=none", *overrides)
     started = time.perf_counter()
     build_job(config, str(input_path), str(output)).execute("flink-memory-benchmark")
     return time.perf_counter() - started, read_outputs(str(output))
@@ -133,6 +137,26 @@ def overhead_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
             "calls_by_kind": kinds, "minimum_calls": minimum, "calls_over_minimum": round(calls / minimum, 3)}
 
 
+def embeddings_case(workdir: Path, args: argparse.Namespace, off_s: float) -> dict[str, Any]:
+    """The overhead workload with the default offline embedding model on: the job's wall time against off, and
+    the vectors still missing when it ended (the store sink's close waits a bounded time for them)."""
+    from flink_memory.store import open_store
+    from flink_memory.store.sql import NODES
+
+    records = items(args.overhead_agents, args.overhead_items_per_agent)
+    input_path = write_lines(workdir / "embeddings.jsonl", records)
+    settings = (f"batching.max_items={args.overhead_max_items}", f"summarization.fan_in={args.fan_in}",
+                "embeddings.provider=embedded")
+    with ScriptedServer() as server:
+        on_s, outputs = run_memory_job(workdir / "on", input_path, server, *settings)
+    check_coverage(outputs, len(records), "embeddings")
+    with open_store(str(workdir / "on" / "out" / "memory.sqlite")) as store:
+        rows, embedded = store._fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
+    return {"on_s": round(on_s, 2), "off_s": round(off_s, 2), "on_over_off": round(on_s / off_s, 2),
+            "rows": rows, "rows_embedded": embedded, "rows_without_vector_at_end": rows - embedded,
+            "rows_embedded_per_s": round(embedded / max(0.001, on_s - off_s), 1)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--latency", type=float, default=0.5, help="provider latency in seconds")
@@ -145,6 +169,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--overhead-items-per-agent", type=int, default=200)
     parser.add_argument("--overhead-max-items", type=int, default=50)
     parser.add_argument("--no-process-mode", action="store_true", help="skip the process-mode comparison")
+    parser.add_argument("--embeddings", action="store_true",
+                        help="also run the overhead workload with the offline embedding model on")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -172,6 +198,12 @@ def main(argv: list[str] | None = None) -> int:
               f" ratio bare / flink-memory {overhead['bare_over_ours']}; {overhead['calls']} calls = "
               f"{overhead['calls_over_minimum']} x the minimum {overhead['minimum_calls']} {overhead['calls_by_kind']}",
               flush=True)
+        if args.embeddings:
+            case = embeddings_case(root / "embeddings", args, overhead["flink_memory_s"])
+            results["embeddings"] = case
+            print(f"  embeddings on: {case['on_s']} s against {case['off_s']} s off = {case['on_over_off']}x; "
+                  f"{case['rows_embedded']} of {case['rows']} store rows embedded by the end "
+                  f"({case['rows_embedded_per_s']} rows/s beyond the job's own time)", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
