@@ -214,3 +214,18 @@ def test_a_reader_keeps_an_agents_vectors_until_a_write_moves_its_generation(loc
             assert reader.recall("a", "kayak", mode="vector")[0].node_id == "m3"
             store.delete_units("a", ["m3"])
             assert "m3" not in {h.node_id for h in reader.recall("a", "kayak", mode="vector")}
+
+
+def test_an_updated_unit_survives_the_replacement_of_its_old_batch_node(location):
+    """The batcher's rows and the merger's nodes reach the store on two streams: the update of a unit can be
+    stored before the node that replaces its old batch without it. The new text must not leave with the
+    units that node dropped."""
+    with open_store(location, create=True, embedder=Hashed()) as store:
+        store.upsert_units([unit("fact", "Zorbatin paid 4711 EUR."), unit("m1", "Rex is a beagle.")])
+        store.upsert([batch("batch-1", ["fact", "m1"], "Zorbatin paid 4711; Rex.")])
+        store.upsert_units([unit("fact", "Zorbatin paid 5822 EUR, corrected.")])  # the update, first
+        store.upsert([batch("batch-1-r1", ["m1"], "Rex.", replaces=["batch-1"])])  # its old batch, without it
+        assert "5822" in store.recall("a", "Zorbatin paid", k=1, mode="keyword")[0].text
+        store.upsert([batch("batch-2", ["fact"], "Zorbatin paid 5822.")])  # its new batch
+        units = [h for h in store.recall("a", "Zorbatin paid", k=3, mode="keyword") if h.kind == "unit"]
+        assert [(h.node_id, h.covered_by) for h in units] == [("fact", "batch-2")]

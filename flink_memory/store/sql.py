@@ -77,7 +77,10 @@ UPSERT_UNIT = (
     f"INSERT INTO {NODES} ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
     f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
+    # an update's new text: not the old batch node's (a replacement of that node must not remove it with
+    # the units it dropped), and its old vector is not its vector
     + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
+    + f", covered_by = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.covered_by END"
 )
 # a batch node's units point at it (unless it is replaced already); units of a replaced batch node leave
 COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
