@@ -55,7 +55,7 @@ NODES = "flink_memory_nodes"
 REPLACED = "flink_memory_replaced"
 META = "flink_memory_store_meta"
 GENERATIONS = "flink_memory_generations"  # per agent: bumped by every write (flink_memory.store.vectors)
-FTS = "flink_memory_nodes_fts"  # SQLite only: FTS5 over the text of NODES (PostgreSQL: a tsvector column)
+FTS = "flink_memory_nodes_fts"  # SQLite only: FTS5 over the text and agent of NODES (PostgreSQL: a tsvector column)
 COLUMNS = ("agent_id", "node_id", "kind", "level", "steps", "version", "item_count", "first_ts", "last_ts", "text",
            "body", "digest")
 # columns added to a store of schema version 1 written before units and vectors (added on create)

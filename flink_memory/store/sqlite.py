@@ -22,11 +22,37 @@ from flink_memory.store.sql import (
     StoreNotFound,
 )
 
+FTS_CONTENT = f"{FTS}_content"  # what the full-text index reads: each row's text and its agent's token
+# An agent's one full-text token: the hex of its id (one unicode61 token, any id) ending in a digit, which the
+# porter stemmer leaves whole, so no two agents share a token.
+AGENT_TOKEN = "hex({}) || '0'"
+FTS_SCHEMA = (
+    f"CREATE VIEW IF NOT EXISTS {FTS_CONTENT} AS SELECT id, text, {AGENT_TOKEN.format('agent_id')} AS agent "
+    f"FROM {NODES}",
+    f"CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5(text, agent, content='{FTS_CONTENT}', content_rowid='id', "
+    "tokenize='porter unicode61')",
+    f"CREATE TRIGGER IF NOT EXISTS {NODES}_ai AFTER INSERT ON {NODES} BEGIN "
+    f"INSERT INTO {FTS} (rowid, text, agent) VALUES (new.id, new.text, {AGENT_TOKEN.format('new.agent_id')}); END",
+    f"CREATE TRIGGER IF NOT EXISTS {NODES}_ad AFTER DELETE ON {NODES} BEGIN "
+    f"INSERT INTO {FTS} ({FTS}, rowid, text, agent) VALUES ('delete', old.id, old.text, "
+    f"{AGENT_TOKEN.format('old.agent_id')}); END",
+    f"CREATE TRIGGER IF NOT EXISTS {NODES}_au AFTER UPDATE OF text, agent_id ON {NODES} BEGIN "
+    f"INSERT INTO {FTS} ({FTS}, rowid, text, agent) VALUES ('delete', old.id, old.text, "
+    f"{AGENT_TOKEN.format('old.agent_id')}); "
+    f"INSERT INTO {FTS} (rowid, text, agent) VALUES (new.id, new.text, {AGENT_TOKEN.format('new.agent_id')}); END",
+)
+
+
+def agent_token(agent_id: str) -> str:
+    """The agent's full-text token as AGENT_TOKEN computes it (SQLite's hex() is of the UTF-8 bytes)."""
+    return agent_id.encode().hex().upper() + "0"
+
 
 class SqliteStore(MemoryStore):
     """Full text by FTS5 (external content over the nodes table, porter stemmer, kept in step by triggers),
-    which finds the candidates; vectors are searched exactly per agent (flink_memory.store.vectors). A writer holds the file's write lock
-    (BEGIN IMMEDIATE) for one upsert call."""
+    which finds the candidates: each row's text and its agent's token, matched together so that a search
+    ranks the agent's rows only. Vectors are searched exactly per agent (flink_memory.store.vectors). A
+    writer holds the file's write lock (BEGIN IMMEDIATE) for one upsert call."""
 
     missing_table = (sqlite3.OperationalError,)
 
@@ -43,6 +69,8 @@ class SqliteStore(MemoryStore):
             with self._lock:
                 self._create_schema()
         self._check_schema()
+        with self._lock:
+            self._per_agent = self._fts_has_agent()
 
     def _create_schema(self) -> None:
         self._db.executescript(f"""
@@ -59,15 +87,7 @@ class SqliteStore(MemoryStore):
             {CREATE_GENERATIONS};
             CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL,
                 PRIMARY KEY (agent_id, node_id));
-            CREATE VIRTUAL TABLE IF NOT EXISTS {FTS} USING fts5(
-                text, content='{NODES}', content_rowid='id', tokenize='porter unicode61');
-            CREATE TRIGGER IF NOT EXISTS {NODES}_ai AFTER INSERT ON {NODES} BEGIN
-                INSERT INTO {FTS} (rowid, text) VALUES (new.id, new.text); END;
-            CREATE TRIGGER IF NOT EXISTS {NODES}_ad AFTER DELETE ON {NODES} BEGIN
-                INSERT INTO {FTS} ({FTS}, rowid, text) VALUES ('delete', old.id, old.text); END;
-            CREATE TRIGGER IF NOT EXISTS {NODES}_au AFTER UPDATE OF text ON {NODES} BEGIN
-                INSERT INTO {FTS} ({FTS}, rowid, text) VALUES ('delete', old.id, old.text);
-                INSERT INTO {FTS} (rowid, text) VALUES (new.id, new.text); END;
+            {";".join(FTS_SCHEMA)};
             COMMIT;
         """)
         present = {row[1] for row in self._db.execute(f"PRAGMA table_info({NODES})")}
@@ -75,6 +95,28 @@ class SqliteStore(MemoryStore):
             if column not in present:
                 self._db.execute(f"ALTER TABLE {NODES} ADD COLUMN {column} {kind}")
         self._db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
+        if not self._fts_has_agent():
+            self._migrate_fts()
+
+    def _fts_has_agent(self) -> bool:
+        """Whether the full-text index holds the agent column (a store written before it has text only)."""
+        return "agent" in {row[1] for row in self._db.execute(f"PRAGMA table_info({FTS})")}
+
+    def _migrate_fts(self) -> None:
+        """Rebuild a text-only full-text index with the agent column, in one write transaction."""
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            if not self._fts_has_agent():  # another writer may have migrated it meanwhile
+                for suffix in ("ai", "ad", "au"):
+                    self._db.execute(f"DROP TRIGGER IF EXISTS {NODES}_{suffix}")
+                self._db.execute(f"DROP TABLE {FTS}")
+                for statement in FTS_SCHEMA:
+                    self._db.execute(statement)
+                self._db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
 
     def __repr__(self) -> str:
         return f"SqliteStore({self.location!r})"
@@ -96,9 +138,17 @@ class SqliteStore(MemoryStore):
 
     def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
         columns = ", ".join(f"n.{c.strip()}" for c in HIT.split(","))
-        sql = (f"SELECT {columns} FROM {FTS} JOIN {NODES} n ON n.id = {FTS}.rowid "
-               f"WHERE {FTS} MATCH ? AND n.agent_id = ? ORDER BY bm25({FTS}) LIMIT ?")
-        return self._fetch(sql, (fts5_query(terms), agent_id, limit))
+        if not self._per_agent:  # an index of text only (a store not yet opened by a writer of this release)
+            sql = (f"SELECT {columns} FROM {FTS} JOIN {NODES} n ON n.id = {FTS}.rowid "
+                   f"WHERE {FTS} MATCH ? AND n.agent_id = ? ORDER BY bm25({FTS}) LIMIT ?")
+            return self._fetch(sql, (fts5_query(terms), agent_id, limit))
+        # the agent's token and the terms in one MATCH: only the agent's rows are ranked, and only the best
+        # `limit` are read from the nodes table. bm25 weighs the text column alone (its row length counts the
+        # agent's one token too, the same for every row)
+        sql = (f"SELECT {columns} FROM (SELECT rowid, bm25({FTS}, 1.0, 0.0) AS score FROM {FTS} WHERE {FTS} MATCH ? "
+               f"ORDER BY score LIMIT ?) f JOIN {NODES} n ON n.id = f.rowid WHERE n.agent_id = ? ORDER BY f.score")
+        match = f'agent : "{agent_token(agent_id)}" AND text : ({fts5_query(terms)})'
+        return self._fetch(sql, (match, limit, agent_id))
 
     def close(self) -> None:
         with self._lock:

@@ -1,0 +1,98 @@
+"""SQLite's full-text search per agent: the agent's token and the question's terms in one MATCH, ids that
+the stemmer or the tokenizer could confuse kept apart, and a store indexed by text only read as before and
+migrated by the next writer."""
+
+import sqlite3
+
+from flink_memory.records import MemoryUnit
+from flink_memory.store import open_store
+from flink_memory.store.sql import FTS, NODES
+from flink_memory.store.sqlite import FTS_CONTENT, agent_token
+
+# ids that share a porter stem ("ab", "abed"), a word and its plural, punctuation, quotes and non-ASCII
+AGENTS = ["ab", "abed", "boat", "boats", 'a "quoted" id', "agent-0", "élan", "日本", ""]
+
+# the full-text index of a store written before the agent column (text only)
+TEXT_ONLY = [
+    f"CREATE VIRTUAL TABLE {FTS} USING fts5(text, content='{NODES}', content_rowid='id', "
+    "tokenize='porter unicode61')",
+    f"CREATE TRIGGER {NODES}_ai AFTER INSERT ON {NODES} BEGIN "
+    f"INSERT INTO {FTS} (rowid, text) VALUES (new.id, new.text); END",
+    f"CREATE TRIGGER {NODES}_ad AFTER DELETE ON {NODES} BEGIN "
+    f"INSERT INTO {FTS} ({FTS}, rowid, text) VALUES ('delete', old.id, old.text); END",
+    f"CREATE TRIGGER {NODES}_au AFTER UPDATE OF text ON {NODES} BEGIN "
+    f"INSERT INTO {FTS} ({FTS}, rowid, text) VALUES ('delete', old.id, old.text); "
+    f"INSERT INTO {FTS} (rowid, text) VALUES (new.id, new.text); END",
+]
+
+
+def unit(agent, uid, text):
+    return MemoryUnit(agent_id=agent, unit_id=uid, source_id=uid, text=text, ts="2026-01-01T00:00:00Z")
+
+
+def write(store):
+    for agent in AGENTS:
+        store.upsert_units([unit(agent, "u1", f"the boat of {agent or 'nobody'} sails at dawn"),
+                            unit(agent, "u2", "a boat and a harbour"), unit(agent, "u3", "nothing to see")])
+
+
+def recalled(store):
+    return {agent: [(h.node_id, h.text, h.score) for h in store.recall(agent, "boat dawn", k=5, mode="keyword")]
+            for agent in AGENTS}
+
+
+def test_the_agent_token_is_what_sqlite_computes():
+    db = sqlite3.connect(":memory:")
+    for agent in AGENTS:
+        assert db.execute("SELECT hex(?) || '0'", (agent,)).fetchone()[0] == agent_token(agent)
+
+
+def test_each_agent_recalls_its_own_rows_only(tmp_path):
+    with open_store(str(tmp_path / "m.sqlite"), create=True) as store:
+        write(store)
+        assert store._per_agent
+        found = recalled(store)
+        store.delete_units("abed", ["u1"])
+        after = store.recall("abed", "boat dawn", k=5, mode="keyword")
+        store.upsert_units([unit("ab", "u2", "a raft at dawn")])
+        changed = store.recall("ab", "raft", k=5, mode="keyword")
+    for agent in AGENTS:
+        assert [key for key, _, _ in found[agent]] == ["u1", "u2"], agent
+        assert agent in found[agent][0][1] or not agent
+    assert [h.node_id for h in after] == ["u2"]
+    assert [h.node_id for h in changed] == ["u2"]
+
+
+def test_a_text_only_index_is_read_as_before_and_migrated_by_a_writer(tmp_path):
+    path = str(tmp_path / "m.sqlite")
+    open_store(path, create=True).close()
+    db = sqlite3.connect(path, isolation_level=None)
+    for name in ("ai", "ad", "au"):
+        db.execute(f"DROP TRIGGER {NODES}_{name}")
+    db.execute(f"DROP TABLE {FTS}")
+    db.execute(f"DROP VIEW {FTS_CONTENT}")
+    for statement in TEXT_ONLY:
+        db.execute(statement)
+    db.close()
+    with open_store(path, create=False) as reader:  # opened before any writer of this release
+        assert not reader._per_agent
+        with open_store(path, create=True) as writer:
+            assert writer._per_agent  # migrated (empty), then written through the new triggers
+            write(writer)
+            expected = recalled(writer)
+        assert recalled(reader) == expected  # the old query still reads the migrated index
+    db = sqlite3.connect(path, isolation_level=None)
+    for name in ("ai", "ad", "au"):
+        db.execute(f"DROP TRIGGER {NODES}_{name}")
+    db.execute(f"DROP TABLE {FTS}")
+    for statement in TEXT_ONLY:
+        db.execute(statement)
+    db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
+    db.close()
+    with open_store(path) as old:
+        assert not old._per_agent
+        assert recalled(old) == expected
+    with open_store(path, create=True) as migrated:
+        assert migrated._per_agent
+        assert recalled(migrated) == expected
+        assert migrated._fetch(f"INSERT INTO {FTS} ({FTS}) VALUES ('integrity-check')", ()) == []
