@@ -8,9 +8,15 @@
    10 s checkpoints); a read_committed consumer of `<prefix>summaries` notes when each batch node arrives, that
    is when the transaction holding it was committed. Per record: that time minus the time it was produced
    (p50, p99).
+3. Scaling out (`--scaling`, on its own): a standalone cluster from the wheel's bin/ scripts with two
+   TaskManagers of one slot each; the same records on a topic of 2 partitions read as a bounded backfill by
+   `flink run --jarfile <connector>` at parallelism 1, then 2. Each run is timed from submit to FINISHED and by
+   Flink's own job duration; records/s of each and the ratio p2 / p1 (goal: a second TaskManager adds most of
+   a core's throughput).
 
 Run (starts a broker and MiniClusters; a few minutes on 2 cores):
     python benchmarks/kafka.py [--json out/bench-kafka.json]
+    python benchmarks/kafka.py --scaling [--agents 100 --items-per-agent 200]
 """
 
 from __future__ import annotations
@@ -28,11 +34,16 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from jobkit import batch_units, config_for, items, write_lines  # noqa: E402
+from cluster import StandaloneCluster  # noqa: E402
+from jobkit import batch_units, config_for, expected_units, items, write_lines  # noqa: E402
 from kafka_broker import KafkaBroker, consume_all, create_topic, produce  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
 from flink_memory.flink.pipeline import build_job  # noqa: E402
+from flink_memory.kafka import connector_jar  # noqa: E402
+from flink_memory.outputs import read_outputs  # noqa: E402
+
+JOB = ROOT / "jobs" / "memory_summarization.py"
 
 
 def run_job(config: Any, input_path: str, output: Path) -> float:
@@ -127,6 +138,56 @@ def latency(root: Path, broker: KafkaBroker, args: argparse.Namespace) -> dict[s
             "p99_s": round(percentile(seen, 0.99), 2), "max_s": round(max(seen), 2)}
 
 
+def cluster_run(cluster: StandaloneCluster, source: str, output: Path, parallelism: int, settings: list[str]
+                ) -> dict[str, float]:
+    """`flink run` at `parallelism`; seconds from submit to FINISHED, and Flink's job duration."""
+    started = time.perf_counter()
+    job_id = cluster.submit(JOB, "--input", source, "--output", str(output), "--parallelism", str(parallelism),
+                            *(arg for setting in settings for arg in ("--set", setting)),
+                            options=("--jarfile", str(connector_jar(None))))
+    while (state := cluster.job_state(job_id)) not in ("FINISHED", "FAILED", "CANCELED"):
+        time.sleep(0.2)
+    wall_s = time.perf_counter() - started
+    if state != "FINISHED":
+        raise SystemExit(f"job {job_id} at parallelism {parallelism} ended {state}\n{cluster.logs()}")
+    return {"wall_s": wall_s, "job_s": cluster.rest(f"/jobs/{job_id}")["duration"] / 1000}
+
+
+def scaling(root: Path, broker: KafkaBroker, records: list[dict], args: argparse.Namespace) -> dict[str, Any]:
+    slots = args.taskmanagers
+    topic = f"scale-{uuid.uuid4().hex[:8]}"
+    create_topic(broker.bootstrap, topic, slots)
+    produce(broker.bootstrap, topic, [(r["agent_id"].encode(), json.dumps(r).encode(), i % slots)
+                                      for i, r in enumerate(records)])
+    expected = expected_units(records)
+    runs: dict[int, dict[str, float]] = {}
+    with ScriptedServer() as server:
+        settings = ["llm.provider=openai", f"llm.base_url={server.base_url}", "embeddings.provider=none",
+                    f"batching.max_items={args.max_items}", f"summarization.fan_in={args.fan_in}",
+                    "checkpointing.interval_s=1", "job.poll_interval_ms=20", "journal.path=null",
+                    "source.kafka.bounded=true", "source.kafka.starting_offsets=earliest"]
+        for parallelism in (1, slots):
+            output = root / f"p{parallelism}"
+            # a fresh cluster per run: a thread-mode TaskManager fails a second Python job (pemja's native
+            # library is already loaded by the first job's class loader: NoSuchFieldException loadedLibraryNames)
+            with StandaloneCluster(root / f"cluster-p{parallelism}", taskmanagers=slots) as cluster:
+                runs[parallelism] = cluster_run(cluster, f"kafka://{broker.bootstrap}/{topic}", output, parallelism,
+                                                settings)
+            covered = batch_units(read_outputs(str(output))["summaries"])
+            if covered != expected:
+                raise SystemExit(f"parallelism {parallelism}: the output covers {sum(covered.values())} units, "
+                                 f"{len(records)} expected")
+            print(f"  parallelism {parallelism}: {runs[parallelism]['wall_s']:.2f} s submit to FINISHED, job "
+                  f"{runs[parallelism]['job_s']:.2f} s ({len(records) / runs[parallelism]['job_s']:.0f} records/s)",
+                  flush=True)
+    one, many = runs[1], runs[slots]
+    return {"records": len(records), "taskmanagers": slots, "partitions": slots,
+            **{f"p{p}_{key}": round(value, 2) for p, run in runs.items() for key, value in run.items()},
+            **{f"p{p}_records_per_s": round(len(records) / run["job_s"]) for p, run in runs.items()},
+            "ratio_job": round(one["job_s"] / many["job_s"], 3),
+            "ratio_wall": round(one["wall_s"] / many["wall_s"], 3)}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--agents", type=int, default=100)
@@ -139,25 +200,38 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=100.0, help="records produced per second (latency)")
     parser.add_argument("--warmup-s", type=float, default=15.0)
     parser.add_argument("--skip-throughput", action="store_true")
+    parser.add_argument("--scaling", action="store_true",
+                        help="only the scaling case: parallelism 1 against 2 on a standalone cluster")
+    parser.add_argument("--taskmanagers", type=int, default=2, help="TaskManagers of one slot (scaling)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="flink-memory-kafka-bench-") as tmp, \
             KafkaBroker(Path(tmp) / "broker", partitions=args.partitions) as broker:
         root = Path(tmp)
-        if not args.skip_throughput:
+        if args.scaling:
             records = items(args.agents, args.items_per_agent)
-            print(f"throughput: {len(records)} items of {args.agents} agents, batches of {args.max_items}, "
-                  f"instant provider, topic of {args.partitions} partitions", flush=True)
-            case = results["throughput"] = throughput(root, broker, records, args)
-            print(f"  files in and out {case['files_s']} s ({case['files_records_per_s']} records/s), Kafka in and "
-                  f"out {case['kafka_s']} s ({case['kafka_records_per_s']} records/s): ratio Kafka / files "
-                  f"{case['kafka_over_files']}", flush=True)
-        print(f"latency: {args.latency_records} records of {args.latency_agents} agents produced at {args.rate:g}/s, "
-              "unbounded, batching.flush_after_s=2, 10 s checkpoints, read_committed", flush=True)
-        case = results["latency"] = latency(root, broker, args)
-        print(f"  produce -> committed batch node: p50 {case['p50_s']} s, p99 {case['p99_s']} s, "
-              f"max {case['max_s']} s over {case['records']} records", flush=True)
+            print(f"scaling: {len(records)} items of {args.agents} agents, batches of {args.max_items}, instant "
+                  f"provider, bounded topic of {args.taskmanagers} partitions, standalone cluster of "
+                  f"{args.taskmanagers} TaskManagers x 1 slot, flink run --parallelism 1 then {args.taskmanagers}",
+                  flush=True)
+            case = results["scaling"] = scaling(root, broker, records, args)
+            print(f"  ratio p{args.taskmanagers} / p1 throughput: {case['ratio_job']} by job duration, "
+                  f"{case['ratio_wall']} submit to FINISHED", flush=True)
+        else:
+            if not args.skip_throughput:
+                records = items(args.agents, args.items_per_agent)
+                print(f"throughput: {len(records)} items of {args.agents} agents, batches of {args.max_items}, "
+                      f"instant provider, topic of {args.partitions} partitions", flush=True)
+                case = results["throughput"] = throughput(root, broker, records, args)
+                print(f"  files in and out {case['files_s']} s ({case['files_records_per_s']} records/s), Kafka in "
+                      f"and out {case['kafka_s']} s ({case['kafka_records_per_s']} records/s): ratio Kafka / files "
+                      f"{case['kafka_over_files']}", flush=True)
+            print(f"latency: {args.latency_records} records of {args.latency_agents} agents produced at "
+                  f"{args.rate:g}/s, unbounded, batching.flush_after_s=2, 10 s checkpoints, read_committed", flush=True)
+            case = results["latency"] = latency(root, broker, args)
+            print(f"  produce -> committed batch node: p50 {case['p50_s']} s, p99 {case['p99_s']} s, "
+                  f"max {case['max_s']} s over {case['records']} records", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2) + "\n")
