@@ -74,7 +74,8 @@ class KafkaBroker:
 
     def start(self, timeout_s: float = 90.0) -> KafkaBroker:
         if not (self.workdir / "data" / "meta.properties").exists():
-            cluster_id = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+            # (an id that starts with "-" would read as an option of StorageTool: Kafka's own ids never do)
+            cluster_id = "k" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")[1:]
             subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.properties)),
                            check=True, timeout=120, capture_output=True)
         with self.log.open("ab") as log:
