@@ -24,12 +24,13 @@ $(KAFKA_JARS): tests/kafka/pom.xml
 	@touch $(KAFKA_JARS)
 
 # The sample run uses the bundled SmolLM2 on the CPU; short summaries keep it to a few minutes on 2 cores.
-# Batches of 10 merged 4 at a time give each agent of the sample a tree (batches, a merge, the global).
+# Batches of 10 merged 4 at a time give each agent of the sample a tree (batches, a merge, the global); the
+# report ends with one recall, a question in other words than the memory's ("Chen Wei lives in Toronto").
 run: $(STAMP)
 	rm -rf out/sample
 	$(BIN)/flink-memory run --input samples/memories.jsonl --output out/sample --parallelism 2 \
 	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite \
-	  --set batching.max_items=10 --set summarization.fan_in=4
+	  --set batching.max_items=10 --set summarization.fan_in=4 --ask "Which city is Chen Wei based in?"
 
 test: $(STAMP) $(KAFKA_JARS)
 	$(BIN)/ruff check flink_memory jobs tests samples benchmarks

@@ -389,3 +389,18 @@ def test_the_run_report_ends_with_the_live_tree_of_the_agent_with_the_most_merge
     assert [line.split(" (")[0].strip() for line in tree] == ["global-v3", "merge-1c", "batch-1c", "batch-2"]
     assert [len(line) - len(line.lstrip()) for line in tree] == [4, 6, 8, 8]  # indented by depth
     assert "1 units, 2026-01-01T00:00:00Z .. 2026-01-02T00:00:00Z" in tree[2]
+
+
+def test_the_run_report_can_end_with_one_recall_on_the_store(tmp_path):
+    from servicekit import write_store
+
+    from flink_memory.cli.report import ask
+    from flink_memory.config import load_config
+
+    store = write_store(tmp_path / "memory.sqlite")
+    lines = ask(store, "alice", "What did Alice pay for the boat?", load_config(None, [], environ={}).embeddings)
+    assert lines[0] == "  recall alice 'What did Alice pay for the boat?' (keyword, top 3):"
+    assert "Alice paid 300 EUR for the boat." in lines[2] and " unit " in lines[2]  # the unit itself ranks first
+    assert all("spare key" not in line for line in lines)  # bob's memory is not alice's
+    missing = ask(str(tmp_path / "absent.sqlite"), "alice", "boat?", load_config(None, [], environ={}).embeddings)
+    assert missing[0].startswith("  recall 'boat?': no memory store at")

@@ -22,6 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="run the job on a local MiniCluster")
     add_job_arguments(run)
+    run.add_argument("--ask", metavar="QUESTION", help="end the report with this question recalled from the "
+                     "memory of the agent it shows (the live store)")
     run.add_argument("--progress-every", type=float, metavar="SECONDS",
                      help="seconds between progress lines (default: 1 on a terminal, rewritten in place; 10 in a log)")
     run.set_defaults(handler=run_job)

@@ -6,11 +6,21 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from flink_memory.cli.display import tree_lines
+from flink_memory.cli.display import recall_table, tree_lines
 from flink_memory.cli.progress import KINDS
+from flink_memory.config import EmbeddingsConfig
 from flink_memory.outputs import latest_globals, read_outputs
 from flink_memory.records import SummaryNode
+from flink_memory.store import StoreError, open_store
 from flink_memory.store.core import live_view, walk_tree
+
+
+def featured_agent(nodes: list[dict]) -> str | None:
+    """The agent whose tree the report shows: the one with the most live merges (then the first by id)."""
+    live = live_view(nodes).values()
+    globals_ = latest_globals(nodes)
+    merges = {agent: sum(1 for n in live if n.agent_id == agent and n.kind == "merge") for agent in globals_}
+    return min(globals_, key=lambda a: (-merges[a], a)) if globals_ else None
 
 
 def report(output_dir: str, wall_s: float) -> str:
@@ -39,16 +49,33 @@ def report(output_dir: str, wall_s: float) -> str:
         f"  wall time               : {wall_s:.1f} s",
         f"  output                  : {Path(output_dir).resolve()}/{{summaries,manifests,dead-letters}}",
     ]
-    if globals_:
-        merges = {agent: sum(1 for n in live if n.agent_id == agent and n.kind == "merge") for agent in globals_}
-        agent = min(globals_, key=lambda a: (-merges[a], a))
+    agent = featured_agent(nodes)
+    if agent is not None:
+        merges = sum(1 for n in live if n.agent_id == agent and n.kind == "merge")
         node = SummaryNode.model_validate(globals_[agent])
 
         def children(parent: SummaryNode) -> list[SummaryNode]:
             return [live_nodes[(agent, c)] for c in parent.children if (agent, c) in live_nodes]
 
-        lines.append(f"  live tree of {agent} ({merges[agent]} merges):")
+        lines.append(f"  live tree of {agent} ({merges} merges):")
         lines.extend("    " + line for line in tree_lines(walk_tree(node, children), width=60))
         lines.append(f"  global summary of {agent} (v{node.version}, {node.item_count} units):")
         lines.append("    " + node.text.strip().replace("\n", "\n    "))
     return "\n".join(lines)
+
+
+def ask(store_url: str, agent_id: str, question: str, embeddings: EmbeddingsConfig, k: int = 3) -> list[str]:
+    """One recall on the finished run's store, as the report's last lines: by meaning too when the store
+    holds vectors (with the configured model), else by keyword."""
+    from flink_memory.embeddings import EmbeddingError, embedder_for
+
+    try:
+        with open_store(store_url) as store:
+            mode = "hybrid" if store.embedding_model() else "keyword"
+            if mode == "hybrid":
+                store.embedder = embedder_for(embeddings)
+            hits = store.recall(agent_id, question, k=k, mode=mode)
+    except (StoreError, EmbeddingError) as exc:
+        return [f"  recall {question!r}: {exc}"]
+    head = f"  recall {agent_id} {question!r} ({mode}, top {k}):"
+    return [head, *("    " + line for line in recall_table(hits, width=60))] if hits else [f"{head} no match"]

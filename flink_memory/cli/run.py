@@ -14,8 +14,9 @@ from typing import Any
 
 from flink_memory.cli.args import job_config
 from flink_memory.cli.progress import ProgressLine, count_lines
-from flink_memory.cli.report import report
+from flink_memory.cli.report import ask, featured_agent, report
 from flink_memory.config import load_config
+from flink_memory.outputs import read_outputs
 
 
 def _free_port() -> int:
@@ -75,6 +76,9 @@ def run_job(args: argparse.Namespace) -> int:
     store = config.store.location(args.output)
     if store:
         print(f"  live memory             : {store} (read it: flink-memory show|recall AGENT --store {store})")
+        agent = featured_agent(read_outputs(args.output)["summaries"]) if args.ask else None
+        if agent is not None:
+            print("\n".join(ask(store, agent, args.ask, config.embeddings)))
     return 0
 
 
