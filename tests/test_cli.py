@@ -45,3 +45,25 @@ def test_help_and_the_output_readers_load_no_pyflink_and_no_llm_client():
         except SystemExit:
             pass
     """) == []
+
+
+def test_embed_gives_a_vector_to_every_row_a_run_left_without_one(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from servicekit import write_store
+
+    from flink_memory.cli import main
+    from flink_memory.store import open_store
+    from flink_memory.store.sql import NODES
+
+    store = write_store(tmp_path / "memory.sqlite")  # written without vectors, as a sink that gave up waiting
+    assert main(["embed", "--store", store, "--agent", "bob"]) == 0
+    assert capsys.readouterr().out.startswith("embedded 3 rows of 1 agents with ")  # bob: a unit, a batch and a global node
+    with open_store(store) as opened:
+        assert opened._fetch(f"SELECT COUNT(*) - COUNT(vector) FROM {NODES} WHERE agent_id = 'bob'", ()) == [(0,)]
+        assert opened._fetch(f"SELECT COUNT(vector) FROM {NODES} WHERE agent_id = 'alice'", ()) == [(0,)]
+    assert main(["embed", "--store", store]) == 0
+    assert capsys.readouterr().out.startswith("embedded 4 rows of 2 agents")  # alice's now; bob's are not redone
+    assert main(["recall", "alice", "Which pet does Alice have?", "--store", store, "--mode", "vector", "--k", "1"]) == 0
+    assert "beagle" in capsys.readouterr().out
+    assert main(["embed", "--store", store, "--set", "embeddings.provider=none"]) == 3
+    assert "no model to embed with" in capsys.readouterr().err

@@ -9,7 +9,7 @@ import os
 import sys
 
 from flink_memory.cli.args import add_job_arguments, positive, show_config
-from flink_memory.cli.read import read_memory
+from flink_memory.cli.read import embed_rows, read_memory
 from flink_memory.cli.run import run_job, serve_llm
 from flink_memory.cli.serve import add_commands as add_service_commands
 from flink_memory.config import ConfigError
@@ -59,6 +59,13 @@ def main(argv: list[str] | None = None) -> int:
     recall.add_argument("--config", help="for the embeddings.* settings of a query by meaning")
     recall.add_argument("--set", dest="overrides", action="append", default=[])
     recall.set_defaults(handler=read_memory)
+    embed = commands.add_parser("embed", help="give a vector to the store's rows that have none (a bounded run "
+                                "ends without waiting long for them)")
+    embed.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
+    embed.add_argument("--agent", action="append", help="only this agent's rows; repeatable (default: every agent)")
+    embed.add_argument("--config", help="for the embeddings.* settings")
+    embed.add_argument("--set", dest="overrides", action="append", default=[])
+    embed.set_defaults(handler=embed_rows)
     add_service_commands(commands)
     show = commands.add_parser("config", help="print the effective configuration and its fingerprints")
     show.add_argument("--config")

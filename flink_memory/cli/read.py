@@ -1,5 +1,6 @@
-"""`flink-memory show` and `flink-memory recall`: an agent's memory from the live-memory store, printed. A
-missing store or agent is a message and an exit code, not a traceback."""
+"""`flink-memory show` and `flink-memory recall`: an agent's memory from the live-memory store, printed; and
+`flink-memory embed`, which gives a vector to the rows a run left without one. A missing store or agent is a
+message and an exit code, not a traceback."""
 
 from __future__ import annotations
 
@@ -23,14 +24,37 @@ def recall(store: MemoryStore, args: argparse.Namespace) -> list[Recalled]:
     """`recall`: by meaning too when the store holds vectors (or --mode asks), with the configured model."""
     mode = args.mode or ("hybrid" if store.embedding_model() else "keyword")
     if mode != "keyword":
-        from flink_memory.config import load_config
-        from flink_memory.embeddings import EmbeddingError, embedder_for
-
-        try:
-            store.embedder = embedder_for(load_config(args.config, args.overrides).embeddings)
-        except EmbeddingError as exc:
-            raise StoreError(str(exc)) from None
+        _load_embedder(store, args)
     return store.recall(args.agent, args.query, k=args.k, mode=mode)
+
+
+def _load_embedder(store: MemoryStore, args: argparse.Namespace) -> None:
+    """The configured embedding model (--config, --set) on the store; a model that cannot load is a StoreError."""
+    from flink_memory.config import load_config
+    from flink_memory.embeddings import EmbeddingError, embedder_for
+
+    try:
+        store.embedder = embedder_for(load_config(args.config, args.overrides).embeddings)
+    except EmbeddingError as exc:
+        raise StoreError(str(exc)) from None
+
+
+def embed_rows(args: argparse.Namespace) -> int:
+    """`embed`: vectors for the stored rows that have none (the job's sink waits only a bounded time for
+    them when a bounded run ends), agent by agent, each agent's in one transaction. Safe beside a running job."""
+    try:
+        with open_store(args.store) as store:
+            _load_embedder(store, args)
+            if store.embedder is None:
+                return _fail(STORE_UNAVAILABLE, "embeddings.provider is none: no model to embed with")
+            agents = args.agent or store.agents()
+            done = 0
+            for agent in agents:
+                done += store.embed_pending([agent])
+    except StoreError as exc:
+        return _fail(STORE_UNAVAILABLE, str(exc))
+    print(f"embedded {done} rows of {len(agents)} agents with {store.embedder.name}")
+    return 0
 
 
 def read_memory(args: argparse.Namespace) -> int:
