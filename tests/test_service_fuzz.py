@@ -141,3 +141,23 @@ def test_a_store_that_goes_away_is_503_and_comes_back(postgres_url):
         admin.execute(f'ALTER DATABASE "{name}" ALLOW_CONNECTIONS true')
         assert call(f"{base}/v1/agents/alice/memory")[0] == 200
 
+
+
+@pytest.mark.slow
+def test_kafka_writes_on_a_real_broker_and_a_topic_that_refuses_a_records_size(tmp_path, kafka_broker):
+    """A write is one message keyed by agent on the topic; a topic whose max.message.bytes the record passes
+    refuses it on delivery: 413, as the producer's own limit."""
+    import json
+
+    from kafka_broker import consume_all, create_topic
+
+    bootstrap = kafka_broker.bootstrap
+    create_topic(bootstrap, "small", 1, **{"max.message.bytes": "2000"})
+    store = write_store(tmp_path / "memory.sqlite")
+    with serving(ServeOptions(store=store, input=f"kafka://{bootstrap}/small")) as base:
+        status, answer = call(f"{base}/v1/agents/alice/memories", "POST", {"text": "Alice moved to Lisbon."})
+        assert status == 202
+        status, answer = call(f"{base}/v1/agents/alice/memories", "POST", {"text": "x" * 5000})
+        assert status == 413 and "message size limit" in answer["detail"], answer
+    [(key, value)] = consume_all(bootstrap, "small")
+    assert key == b"alice" and json.loads(value)["text"] == "Alice moved to Lisbon."
