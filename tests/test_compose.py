@@ -1,8 +1,10 @@
 """docker-compose.yml and the Dockerfile, checked without a Docker engine: Debian's docker-compose (1.29)
 parses and validates the file (`docker-compose config`, as Compose v2 does), and the structure is read here:
 services, image build, commands, volumes, ports, health checks, the PostgreSQL service, the API key as a
-secret file, the log configuration, and that every file the submit command names is in the build context."""
+secret file, the log configuration, that every file the submit command names is in the build context, and the
+memory service in front of the Kafka job."""
 
+import argparse
 import os
 import re
 import shutil
@@ -13,7 +15,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-KAFKA = {"kafka", "kafka-load", "submit-kafka"}  # the `kafka` profile
+KAFKA = {"kafka", "kafka-load", "kafka-store", "submit-kafka", "memory-service"}  # the `kafka` profile
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
@@ -249,3 +251,40 @@ def test_kafka_profile_a_kraft_broker_loaded_with_the_sample_feeds_a_second_job(
     assert sets["sink.kafka.bootstrap_servers"] == "kafka:9092"
     plain = [key + "=" + re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", value) for key, value in sets.items()]
     load_config(None, plain, environ={})
+
+
+def options_of(command: list[str]) -> dict[str, str]:
+    return {command[i]: command[i + 1] for i in range(len(command) - 1) if command[i].startswith("--")}
+
+
+def test_memory_service_reads_the_kafka_jobs_store_and_writes_its_input(compose):
+    """`flink-memory serve` on a published port: the store the Kafka job writes (a PostgreSQL database of its
+    own, made by kafka-store), writes to the topic it reads, keys from the data volume, healthy on /v1/health."""
+    services = compose["services"]
+    service = services["memory-service"]
+    assert service["entrypoint"] == ["/opt/venv/bin/flink-memory"] and service["command"][0] == "serve"
+    from flink_memory.cli.serve import add_commands
+
+    parser = argparse.ArgumentParser()
+    add_commands(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(service["command"])  # the real flags of `flink-memory serve`
+    job = services["submit-kafka"]["command"]
+    sets = dict(job[i + 1].split("=", 1) for i in range(len(job) - 1) if job[i] == "--set")
+    assert args.store == sets["store.url"] == "postgresql://flink@postgres:5432/memory_kafka"
+    assert args.input == options_of(job)["--input"] == "kafka://kafka:9092/agent-events"
+    assert args.host == "0.0.0.0" and f"{args.port}:{args.port}" in service["ports"] and not args.read_only
+    assert args.keys.startswith("/data/") and "data:/data" in service["volumes"]  # `keys add` via the image
+    comment = (ROOT / "docker-compose.yml").read_text()
+    assert f"run --rm --no-deps memory-service keys add agent-0 --keys {args.keys}" in comment
+    for name in ("postgres", "kafka"):
+        assert service["depends_on"][name]["condition"] == "service_healthy"
+    for name in ("kafka-load", "kafka-store"):  # the topic and the store's database exist
+        assert service["depends_on"][name]["condition"] == "service_completed_successfully"
+        assert services["submit-kafka"]["depends_on"][name]["condition"] == "service_completed_successfully"
+    test = service["healthcheck"]["test"]
+    assert test[:2] == ["CMD", "/opt/venv/bin/python"] and f"http://localhost:{args.port}/v1/health" in test[-1]
+    store = services["kafka-store"]
+    assert store["restart"] == "no" and store["depends_on"]["postgres"]["condition"] == "service_healthy"
+    assert store["entrypoint"] == ["/opt/venv/bin/python", "-c"]
+    assert "CREATE DATABASE memory_kafka" in store["command"][0]
+    compile(store["command"][0], "kafka-store", "exec")  # valid Python

@@ -36,17 +36,21 @@ from flink_memory.service.models import (
 VERSION = "1"
 
 
-def problems(*codes: int) -> dict[int | str, dict[str, Any]]:
-    reasons = {400: "the request is malformed", 401: "no valid key", 403: "this server is read-only",
-               404: "no memory for this agent (an agent the key does not grant is answered the same)",
-               408: "the body arrived too slowly", 413: "the body is over 1 MiB",
-               422: "invalid request, or a record the job would dead-letter (the job's reason)",
-               503: "the store or the job's input cannot be reached"}
-    return {code: {"model": Problem, "description": reasons[code]} for code in codes}
+REASONS = {400: "the request is malformed", 401: "no valid key", 403: "this server is read-only",
+           404: "no memory for this agent (an agent the key does not grant is answered the same)",
+           408: "the body arrived too slowly", 413: "the body is over 1 MiB (or over the job's input topic's "
+                                                 "message size limit)",
+           422: "invalid request, or a record the job would dead-letter (the job's reason)",
+           503: "the store or the job's input cannot be reached"}
+# What each kind of operation can answer besides success: the Guard's body limits (400, 408, 413) on every
+# one, the key (401, on a server with keys) on all but the health check
+HEALTH = (400, 408, 413)
+READ = (400, 401, 404, 408, 413, 422, 503)
+WRITE = (400, 401, 403, 404, 408, 413, 422, 503)
 
 
-READ = problems(400, 401, 404, 408, 413, 422, 503)
-WRITE = problems(400, 401, 403, 404, 408, 413, 422, 503)
+def problems(codes: tuple[int, ...], keys: bool) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": Problem, "description": REASONS[code]} for code in codes if keys or code != 401}
 
 
 def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any = None,
@@ -62,6 +66,8 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
             yield
         await run_in_threadpool(service.close)
 
+    keys = keyring is not None
+    read, write = problems(READ, keys), problems(WRITE, keys)
     app = FastAPI(title="flink-memory", version=VERSION, docs_url=None, redoc_url=None, lifespan=lifespan,
                   description="An agent's long-term memory: read (memory, recall) and write (memories, forget). "
                               "Writes are input records of the running job (202).")
@@ -83,22 +89,23 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
     def grant(request: Request) -> Any:
         return request.scope["state"]["grant"]
 
-    @app.get("/v1/health", response_model=Health, tags=["service"], openapi_extra={"security": []})
+    @app.get("/v1/health", response_model=Health, responses=problems(HEALTH, keys), tags=["service"],
+             openapi_extra={"security": []} if keys else None)
     def health() -> Health:
         """Whether the store can be read, and where writes go."""
         return service.health()
 
-    @app.get("/v1/agents/{agent_id}/memory", response_model=MemoryResponse, responses=READ, tags=["read"])
+    @app.get("/v1/agents/{agent_id}/memory", response_model=MemoryResponse, responses=read, tags=["read"])
     def memory(agent_id: str, request: Request, tree: bool = False) -> MemoryResponse:
         """The agent's current memory (its live global summary); with tree=true the live tree below it."""
         return service.memory(grant(request), agent_id, tree)
 
-    @app.post("/v1/agents/{agent_id}/recall", response_model=RecallResponse, responses=READ, tags=["read"])
+    @app.post("/v1/agents/{agent_id}/recall", response_model=RecallResponse, responses=read, tags=["read"])
     def recall(agent_id: str, body: RecallRequest, request: Request) -> RecallResponse:
         """The agent's live memory units and summary nodes that best match a question, best first."""
         return service.recall(grant(request), agent_id, body)
 
-    @app.post("/v1/agents/{agent_id}/memories", status_code=202, response_model=Accepted, responses=WRITE,
+    @app.post("/v1/agents/{agent_id}/memories", status_code=202, response_model=Accepted, responses=write,
               tags=["write"], openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/RememberRequest"}}}}})
     async def remember(agent_id: str, request: Request) -> Accepted:
@@ -108,13 +115,13 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
         return await run_in_threadpool(service.remember, grant(request), agent_id, body)
 
     @app.delete("/v1/agents/{agent_id}/memories/{record_id}", status_code=202, response_model=Accepted,
-                responses=WRITE, tags=["write"])
+                responses=write, tags=["write"])
     def delete(agent_id: str, request: Request,
                record_id: str = Path(json_schema_extra={"pattern": ID_PATTERN, "maxLength": 512})) -> Accepted:
         """Retract a record: its text leaves every unit and summary once the job applies it."""
         return service.delete(grant(request), agent_id, record_id)
 
-    @app.delete("/v1/agents/{agent_id}", status_code=202, response_model=Accepted, responses=WRITE,
+    @app.delete("/v1/agents/{agent_id}", status_code=202, response_model=Accepted, responses=write,
                 tags=["write"])
     def forget(agent_id: str, request: Request) -> Accepted:
         """Forget everything of the agent."""
@@ -131,8 +138,9 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
             components["RememberRequest"] = remember
             if service.embedder is None:  # this server recalls by keyword only
                 components["RecallRequest"]["properties"]["mode"]["enum"] = ["hybrid", "keyword"]
-            schema["components"]["securitySchemes"] = {"key": {"type": "http", "scheme": "bearer"}}
-            schema["security"] = [{"key": []}]
+            if keys:  # (a server without keys answers every caller on loopback: no key to declare)
+                schema["components"]["securitySchemes"] = {"key": {"type": "http", "scheme": "bearer"}}
+                schema["security"] = [{"key": []}]
             app.openapi_schema = schema
         return app.openapi_schema
 

@@ -8,9 +8,11 @@ does not exist (`NotFound`, one message for both), so a key cannot learn which a
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
+from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flink_memory.records import DeadLetter, parse_line
@@ -23,7 +25,7 @@ from flink_memory.service.models import (
     RecallResponse,
     TreeEntry,
 )
-from flink_memory.service.writer import RecordWriter, WriteFailed, as_line
+from flink_memory.service.writer import RecordTooLarge, RecordWriter, WriteFailed, as_line
 from flink_memory.store import MemoryStore, StoreError, StoreNotFound, open_store
 from flink_memory.store.core import walk_tree
 
@@ -54,8 +56,21 @@ class ReadOnly(ServiceError):
     status = 403
 
 
+class TooLarge(ServiceError):
+    status = 413
+
+
 class Unavailable(ServiceError):
     status = 503
+
+
+@contextlib.contextmanager
+def reading() -> Iterator[None]:
+    """A store that fails while answering (a database gone away) is 503 with its reason, never a 500."""
+    try:
+        yield
+    except StoreError as exc:
+        raise Unavailable(str(exc)) from None
 
 
 class Grant(Protocol):
@@ -124,30 +139,29 @@ class MemoryService:
 
     def memory(self, grant: Grant, agent_id: str, tree: bool = False) -> MemoryResponse:
         """The agent's current global summary, and with `tree` the live tree below it."""
-        store = self._agent(grant, agent_id)
-        current = store.current(agent_id)
-        entries = None
-        if tree and current is not None:
-            walked = walk_tree(current, lambda n: store.children(agent_id, n.node_id))
-            entries = [TreeEntry(depth=d, node=n, missing_children=m) for d, n, m in walked]
+        with reading():
+            store = self._agent(grant, agent_id)
+            current = store.current(agent_id)
+            entries = None
+            if tree and current is not None:
+                walked = walk_tree(current, lambda n: store.children(agent_id, n.node_id))
+                entries = [TreeEntry(depth=d, node=n, missing_children=m) for d, n, m in walked]
         return MemoryResponse(agent_id=agent_id, memory=current, tree=entries)
 
     def recall(self, grant: Grant, agent_id: str, request: RecallRequest) -> RecallResponse:
         """The agent's live units and nodes that best match the question."""
-        store = self._agent(grant, agent_id)
         mode = request.mode
         if self.embedder is None and mode == "hybrid":
             mode = "keyword"
-        if self.embedder is None and mode == "vector":
-            raise Rejected("recall by meaning is off on this server (embeddings.provider: none); use mode keyword")
-        try:
+        with reading():
+            store = self._agent(grant, agent_id)
+            if self.embedder is None and mode == "vector":
+                raise Rejected("recall by meaning is off on this server (embeddings.provider: none); use mode keyword")
             if mode == "keyword":
                 hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
             else:
                 with self._embedding:
                     hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
-        except StoreError as exc:
-            raise Unavailable(str(exc)) from None
         return RecallResponse(hits=hits)
 
     # --- writes: input records for the job --------------------------------------------------------------
@@ -163,7 +177,13 @@ class MemoryService:
         if isinstance(parsed, DeadLetter):
             raise Rejected(parsed.reason)
         try:
+            line.encode("utf-8")
+        except UnicodeEncodeError as exc:  # a "\ud800" escape: valid JSON, but no UTF-8 line can hold it
+            raise Rejected(f"a string holds a lone surrogate ({line[exc.start]!r}): not writable as UTF-8") from None
+        try:
             self.writer.write(agent_id, line)
+        except RecordTooLarge as exc:
+            raise TooLarge(str(exc)) from None
         except WriteFailed as exc:
             raise Unavailable(str(exc)) from None
         return Accepted(id=getattr(parsed, "id", agent_id), kind=parsed.kind, detail=ACCEPTED_DETAIL)

@@ -26,6 +26,10 @@ class WriteFailed(RuntimeError):
     """The record could not be handed to the job's input (the message says why); nothing was written."""
 
 
+class RecordTooLarge(WriteFailed):
+    """The job's input refused the record for its size (a Kafka message over the topic's limit)."""
+
+
 class RecordWriter(Protocol):
     target: str
 
@@ -65,8 +69,10 @@ class KafkaWriter:
     """One message per record on the job's input topic (the first topic of the `kafka://` address)."""
 
     def __init__(self, url: str, properties: dict[str, str] | None = None) -> None:
-        from confluent_kafka import Producer
+        from confluent_kafka import KafkaError, KafkaException, Producer
 
+        self._kafka_exception = KafkaException
+        self._too_large = KafkaError.MSG_SIZE_TOO_LARGE
         address = parse_kafka_url(url)
         self.topic = address.topics[0]
         self.target = "kafka"
@@ -85,11 +91,19 @@ class KafkaWriter:
                                    on_delivery=delivered)
         except (BufferError, ValueError) as exc:
             raise WriteFailed(f"the job's input topic refused the record: {exc}") from None
+        except self._kafka_exception as exc:  # e.g. over the producer's message.max.bytes
+            raise self._refused(exc.args[0], exc.args[0].str()) from None
         self._producer.flush(SEND_TIMEOUT_S + 1)
         if "error" not in outcome:
             raise WriteFailed(f"the job's input topic did not confirm the record within {SEND_TIMEOUT_S:.0f} s")
         if outcome["error"] is not None:
-            raise WriteFailed(f"the job's input topic refused the record: {outcome['error'].str()}")
+            raise self._refused(outcome["error"], outcome["error"].str())
+
+    def _refused(self, error: Any, reason: str) -> WriteFailed:
+        """What to raise for a record the producer or the broker refused: RecordTooLarge for its size."""
+        if error.code() == self._too_large:
+            return RecordTooLarge(f"the record is over the job's input topic's message size limit: {reason}")
+        return WriteFailed(f"the job's input topic refused the record: {reason}")
 
     def close(self) -> None:
         self._producer.flush(SEND_TIMEOUT_S)

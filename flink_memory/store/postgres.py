@@ -65,7 +65,10 @@ class PostgresStore(MemoryStore):
                          "PRIMARY KEY (agent_id, node_id))")
 
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
-        return self._db.run(lambda c: c.execute(sql, params).fetchall())
+        try:
+            return self._db.run(lambda c: c.execute(sql, params).fetchall())
+        except self._db.psycopg.OperationalError as exc:  # a reader (the service) answers 503, not a crash
+            raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
 
     def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
         def write(conn: Any) -> None:
