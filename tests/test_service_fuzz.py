@@ -142,7 +142,6 @@ def test_a_store_that_goes_away_is_503_and_comes_back(postgres_url):
         assert call(f"{base}/v1/agents/alice/memory")[0] == 200
 
 
-
 @pytest.mark.slow
 def test_kafka_writes_on_a_real_broker_and_a_topic_that_refuses_a_records_size(tmp_path, kafka_broker):
     """A write is one message keyed by agent on the topic; a topic whose max.message.bytes the record passes
