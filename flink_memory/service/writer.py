@@ -11,6 +11,7 @@ memory). A write is one input record, as a JSON line:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -65,16 +66,25 @@ class KafkaWriter:
     """One message per record on the job's input topic (the first topic of the `kafka://` address)."""
 
     def __init__(self, url: str, properties: dict[str, str] | None = None) -> None:
-        from confluent_kafka import Producer
+        try:
+            from confluent_kafka import Producer
+        except ImportError:
+            raise WriteFailed("--input kafka://... needs confluent-kafka: pip install 'flink-memory[service]'"
+                              ) from None
 
         address = parse_kafka_url(url)
         self.topic = address.topics[0]
+        self.servers = address.bootstrap_servers
         self.target = "kafka"
-        self._producer = Producer({"bootstrap.servers": address.bootstrap_servers, "enable.idempotence": True,
-                                   "acks": "all", "message.timeout.ms": int(SEND_TIMEOUT_S * 1000),
-                                   **(properties or {})})
+        self.timeout_s = SEND_TIMEOUT_S
+        # the client's own log lines (a broker it cannot reach, ...) go to logging, not straight to stderr
+        self._producer = Producer({"bootstrap.servers": self.servers, "enable.idempotence": True, "acks": "all",
+                                   "message.timeout.ms": int(self.timeout_s * 1000),
+                                   "logger": logging.getLogger("flink_memory.service.kafka"), **(properties or {})})
 
     def write(self, agent_id: str, line: str) -> None:
+        from confluent_kafka import KafkaError
+
         outcome: dict[str, Any] = {}
 
         def delivered(error: Any, _message: Any) -> None:
@@ -85,14 +95,17 @@ class KafkaWriter:
                                    on_delivery=delivered)
         except (BufferError, ValueError) as exc:
             raise WriteFailed(f"the job's input topic refused the record: {exc}") from None
-        self._producer.flush(SEND_TIMEOUT_S + 1)
-        if "error" not in outcome:
-            raise WriteFailed(f"the job's input topic did not confirm the record within {SEND_TIMEOUT_S:.0f} s")
-        if outcome["error"] is not None:
-            raise WriteFailed(f"the job's input topic refused the record: {outcome['error'].str()}")
+        self._producer.flush(self.timeout_s + 1)
+        error = outcome.get("error", KafkaError(KafkaError._MSG_TIMED_OUT))
+        if error is None:
+            return
+        if error.code() == KafkaError._MSG_TIMED_OUT:
+            raise WriteFailed(f"the record was not confirmed by the job's input topic {self.topic} on {self.servers} "
+                              f"within {self.timeout_s:g} s (is the broker up?)")
+        raise WriteFailed(f"the job's input topic {self.topic} refused the record: {error.str()}")
 
     def close(self) -> None:
-        self._producer.flush(SEND_TIMEOUT_S)
+        self._producer.flush(self.timeout_s)
 
 
 def open_writer(target: str | None) -> RecordWriter | None:
