@@ -21,6 +21,7 @@ from typing import Any, Protocol
 from flink_memory.kafka import is_kafka, parse_kafka_url
 
 SEND_TIMEOUT_S = 10.0
+log = logging.getLogger("flink_memory.service.kafka")
 
 
 class WriteFailed(RuntimeError):
@@ -80,7 +81,7 @@ class KafkaWriter:
         # the client's own log lines (a broker it cannot reach, ...) go to logging, not straight to stderr
         self._producer = Producer({"bootstrap.servers": self.servers, "enable.idempotence": True, "acks": "all",
                                    "message.timeout.ms": int(self.timeout_s * 1000),
-                                   "logger": logging.getLogger("flink_memory.service.kafka"), **(properties or {})})
+                                   "logger": log, **(properties or {})})
 
     def write(self, agent_id: str, line: str) -> None:
         from confluent_kafka import KafkaError
@@ -99,10 +100,12 @@ class KafkaWriter:
         error = outcome.get("error", KafkaError(KafkaError._MSG_TIMED_OUT))
         if error is None:
             return
+        # (the answer goes to the API's caller: it names no broker; the log does)
+        log.warning("the Kafka input %s on %s: %s", self.topic, self.servers, error.str())
         if error.code() == KafkaError._MSG_TIMED_OUT:
-            raise WriteFailed(f"the record was not confirmed by the job's input topic {self.topic} on {self.servers} "
-                              f"within {self.timeout_s:g} s (is the broker up?)")
-        raise WriteFailed(f"the job's input topic {self.topic} refused the record: {error.str()}")
+            raise WriteFailed(f"the record was not confirmed by the job's input topic within {self.timeout_s:g} s "
+                              "(is its broker up?)")
+        raise WriteFailed(f"the job's input topic refused the record: {error.str()}")
 
     def close(self) -> None:
         self._producer.flush(self.timeout_s)
