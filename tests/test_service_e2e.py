@@ -6,7 +6,7 @@ text in no answer (recall, memory, memory tree, show_memory). The job is stopped
 (SIGTERM): it cancels and exits 0.
 
 Embeddings are off (`embeddings.provider=none`, keyword recall): the embedded model would add its load time
-to every run, and recall by meaning is tested elsewhere. The write-to-recall latencies are printed (-s).
+to every run, and recall by meaning is tested elsewhere. Each test prints its write-to-recall latencies.
 """
 
 from __future__ import annotations
@@ -70,6 +70,20 @@ def running_job(input_path: str, output: Path, llm: ScriptedServer, *settings: s
     text = log.read_text()
     assert code == 0, text[-3000:]
     assert "stopped: the job was cancelled" in text
+    deadline = time.monotonic() + 30
+    while group_alive(process.pid):  # the MiniCluster's JVM ends with the command (its gateway's stdin closes)
+        if time.monotonic() > deadline:
+            os.killpg(process.pid, signal.SIGKILL)
+            raise AssertionError("the job's JVM outlived `flink-memory run` by 30 s")
+        time.sleep(0.2)
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
 
 
 async def until(check: Callable[[], Awaitable[Any]], what: str, timeout_s: float = 60.0) -> Any:
