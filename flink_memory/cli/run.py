@@ -5,6 +5,7 @@ inside the commands, so the other commands start without them."""
 from __future__ import annotations
 
 import argparse
+import signal
 import socket
 import sys
 import threading
@@ -17,6 +18,8 @@ from flink_memory.cli.progress import ProgressLine, count_lines
 from flink_memory.cli.report import ask, featured_agent, report, vectors_line
 from flink_memory.config import load_config
 from flink_memory.outputs import read_outputs
+
+CANCEL_WAIT_S = 60.0  # how long a stop waits for the cancelled job's tasks to end
 
 
 def _free_port() -> int:
@@ -35,6 +38,32 @@ def _quiet_shutdown(hook: Any = threading.excepthook) -> None:
         hook(args)
 
     threading.excepthook = excepthook
+
+
+def _wait_or_cancel(client: Any, poll_s: float = 0.2) -> bool:
+    """Wait for the job to end; on SIGINT or SIGTERM cancel it and wait for the cancellation instead (a
+    followed directory or a Kafka topic never ends: this is how such a run stops cleanly). True: cancelled.
+    A second signal while cancelling has its default effect (the process ends at once)."""
+    requested = threading.Event()
+    handled = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda *_: requested.set()) for s in handled}
+    try:
+        result = client.get_job_execution_result()
+        while not result.done():
+            if requested.wait(poll_s):
+                for s, handler in previous.items():
+                    signal.signal(s, handler)
+                print("[flink-memory] stopping: cancelling the job", file=sys.stderr)
+                client.cancel().result()
+                deadline = time.monotonic() + CANCEL_WAIT_S
+                while not result.done() and time.monotonic() < deadline:  # its tasks have ended
+                    time.sleep(poll_s)
+                return True
+        result.result()  # raises if the job failed
+        return False
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
 
 def run_job(args: argparse.Namespace) -> int:
@@ -69,9 +98,12 @@ def run_job(args: argparse.Namespace) -> int:
     progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input),
                             concurrency=config.llm.max_concurrency, every_s=args.progress_every).start()
     try:
-        client.get_job_execution_result().result()
+        stopped = _wait_or_cancel(client)
     finally:
         progress.stop()
+    if stopped:
+        print("[flink-memory] stopped: the job was cancelled (restore its last checkpoint with --restore)",
+              file=sys.stderr)
     print(report(args.output, time.monotonic() - started))
     store = config.store.location(args.output)
     if store:

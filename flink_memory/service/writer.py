@@ -11,6 +11,7 @@ memory). A write is one input record, as a JSON line:
 from __future__ import annotations
 
 import json
+import logging
 import os
 import time
 import uuid
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 from flink_memory.kafka import is_kafka, parse_kafka_url
 
 SEND_TIMEOUT_S = 10.0
+log = logging.getLogger("flink_memory.service.kafka")
 
 
 class WriteFailed(RuntimeError):
@@ -69,18 +71,27 @@ class KafkaWriter:
     """One message per record on the job's input topic (the first topic of the `kafka://` address)."""
 
     def __init__(self, url: str, properties: dict[str, str] | None = None) -> None:
-        from confluent_kafka import KafkaError, KafkaException, Producer
+        try:
+            from confluent_kafka import KafkaError, KafkaException, Producer
+        except ImportError:
+            raise WriteFailed("--input kafka://... needs confluent-kafka: pip install 'flink-memory[service]'"
+                              ) from None
 
         self._kafka_exception = KafkaException
         self._too_large = KafkaError.MSG_SIZE_TOO_LARGE
         address = parse_kafka_url(url)
         self.topic = address.topics[0]
+        self.servers = address.bootstrap_servers
         self.target = "kafka"
-        self._producer = Producer({"bootstrap.servers": address.bootstrap_servers, "enable.idempotence": True,
-                                   "acks": "all", "message.timeout.ms": int(SEND_TIMEOUT_S * 1000),
-                                   **(properties or {})})
+        self.timeout_s = SEND_TIMEOUT_S
+        # the client's own log lines (a broker it cannot reach, ...) go to logging, not straight to stderr
+        self._producer = Producer({"bootstrap.servers": self.servers, "enable.idempotence": True, "acks": "all",
+                                   "message.timeout.ms": int(self.timeout_s * 1000),
+                                   "logger": log, **(properties or {})})
 
     def write(self, agent_id: str, line: str) -> None:
+        from confluent_kafka import KafkaError
+
         outcome: dict[str, Any] = {}
 
         def delivered(error: Any, _message: Any) -> None:
@@ -92,21 +103,26 @@ class KafkaWriter:
         except (BufferError, ValueError) as exc:
             raise WriteFailed(f"the job's input topic refused the record: {exc}") from None
         except self._kafka_exception as exc:  # e.g. over the producer's message.max.bytes
-            raise self._refused(exc.args[0], exc.args[0].str()) from None
-        self._producer.flush(SEND_TIMEOUT_S + 1)
-        if "error" not in outcome:
-            raise WriteFailed(f"the job's input topic did not confirm the record within {SEND_TIMEOUT_S:.0f} s")
-        if outcome["error"] is not None:
-            raise self._refused(outcome["error"], outcome["error"].str())
+            raise self._refused(exc.args[0]) from None
+        self._producer.flush(self.timeout_s + 1)
+        error = outcome.get("error", KafkaError(KafkaError._MSG_TIMED_OUT))
+        if error is None:
+            return
+        # (the answer goes to the API's caller: it names no broker; the log does)
+        log.warning("the Kafka input %s on %s: %s", self.topic, self.servers, error.str())
+        if error.code() == KafkaError._MSG_TIMED_OUT:
+            raise WriteFailed(f"the record was not confirmed by the job's input topic within {self.timeout_s:g} s "
+                              "(is its broker up?)")
+        raise self._refused(error)
 
-    def _refused(self, error: Any, reason: str) -> WriteFailed:
+    def _refused(self, error: Any) -> WriteFailed:
         """What to raise for a record the producer or the broker refused: RecordTooLarge for its size."""
         if error.code() == self._too_large:
-            return RecordTooLarge(f"the record is over the job's input topic's message size limit: {reason}")
-        return WriteFailed(f"the job's input topic refused the record: {reason}")
+            return RecordTooLarge(f"the record is over the job's input topic's message size limit: {error.str()}")
+        return WriteFailed(f"the job's input topic refused the record: {error.str()}")
 
     def close(self) -> None:
-        self._producer.flush(SEND_TIMEOUT_S)
+        self._producer.flush(self.timeout_s)
 
 
 def open_writer(target: str | None) -> RecordWriter | None:
