@@ -5,14 +5,15 @@
 
 The store holds one agent with `--agent-units` memory units among `--rows` rows (benchmarks/recall_latency.py
 builds it: into a temporary SQLite file, or with --postgres into a throwaway PostgreSQL server started from the
-machine's binaries; --store reuses a built SQLite store, read only). `flink-memory serve --read-only` runs in
-its own process; `--clients` keep-alive connections from this process (one asyncio loop, plain HTTP/1.1 on
-sockets: about 0.1 ms of CPU per request) each send `POST /v1/agents/agent-0/recall` with a distinct question
+machine's binaries; --store reuses a built store, SQLite file or PostgreSQL URL, read only). `flink-memory
+serve --read-only` runs in its own process; `--clients` keep-alive connections from this process (one asyncio
+loop, plain HTTP/1.1 on sockets: well under 1 ms of CPU per request) each send `POST /v1/agents/agent-0/recall` with a distinct question
 (three words of one of the agent's units, recall_latency's questions) as soon as the previous answer arrived,
 for `--seconds` after a warm-up. Reported: requests/s, p50/p99 latency, errors (anything but a 200 with hits),
 and the CPU time of the server, of the database server (PostgreSQL) and of the clients, per request and in
-cores, so that what the clients take from the server's two cores is known. Then the baseline: `flink-memory
-recall agent-0 QUESTION --store ...` per question, a new process each time, one after the other.
+cores, so that what the clients take from the server's two cores is known; then one client alone (the latency
+of a request on an idle server). Then the baseline: `flink-memory recall agent-0 QUESTION --store ...` per
+question, a new process each time, one after the other. Last, the results as a row of a markdown table.
 """
 
 from __future__ import annotations
@@ -32,10 +33,12 @@ import time
 import urllib.request
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT / "tests"))  # (pgserver: a throwaway PostgreSQL server)
 
 from recall_latency import build, questions  # noqa: E402
 
@@ -79,6 +82,20 @@ def tree_cpu(root: int) -> float:
         except OSError:
             continue
     return total
+
+
+def postgres_pid(url: str) -> int | None:
+    """The PostgreSQL server listening on the URL's port, when its command line names the port (servers
+    started by pg_ctl -o "-p PORT", as tests/pgserver.py does); None: its CPU is not measured."""
+    port = str(urlsplit(url).port or 5432)
+    for entry in Path("/proc").iterdir():
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv[0].endswith(b"postgres") and any(a == b"-p" and b == port.encode() for a, b in zip(argv, argv[1:])):
+            return int(entry.name)
+    return None
 
 
 def sample_texts(location: str, n: int) -> list[str]:
@@ -183,30 +200,40 @@ def percentile(values: list[float], share: float) -> float:
     return ordered[min(len(ordered) - 1, int(len(ordered) * share))]
 
 
+def phase(load: Load, clients: int, seconds: float) -> dict[str, Any]:
+    """One measured run of the clients: requests/s, latencies and errors."""
+    load.latencies, load.errors = [], {}
+    wall = asyncio.run(load.run(clients, seconds, record=True))
+    done = len(load.latencies)
+    return {"clients": clients, "seconds": wall, "requests": done, "requests_per_s": done / wall,
+            "p50_ms": 1000 * statistics.median(load.latencies), "p99_ms": 1000 * percentile(load.latencies, 0.99),
+            "max_ms": 1000 * max(load.latencies), "errors": sum(load.errors.values()), "error_kinds": load.errors}
+
+
 def measure_service(store: str, asked: list[str], args: argparse.Namespace, database_pid: int | None
                     ) -> dict[str, Any]:
+    """The first request alone (it loads the agent's vectors), a warm-up, the clients for `--seconds` (with the
+    CPU of every process), then one client alone for `--solo-seconds`: the latency of a request on an idle server."""
     port = free_port()
     server = start_server(store, port, args.serve_arg)
     try:
         load = Load(port, asked, args.mode, args.k, args.timeout)
-        first = asyncio.run(load.run(1, 0, record=False))  # one request: the agent's vectors are loaded
+        first = asyncio.run(load.run(1, 0, record=False))
         asyncio.run(load.run(args.clients, args.warmup, record=False))
         cpu = (process_cpu(server.pid), time.process_time(), tree_cpu(database_pid) if database_pid else 0.0)
-        wall = asyncio.run(load.run(args.clients, args.seconds, record=True))
+        loaded = phase(load, args.clients, args.seconds)
         server_s, client_s, database_s = (process_cpu(server.pid) - cpu[0], time.process_time() - cpu[1],
                                           (tree_cpu(database_pid) - cpu[2]) if database_pid else 0.0)
+        solo = phase(load, 1, args.solo_seconds) if args.solo_seconds else None
     finally:
         server.send_signal(signal.SIGINT)
         try:
             server.wait(30)
         except subprocess.TimeoutExpired:
             server.kill()
-    done = len(load.latencies)
-    return {"clients": args.clients, "seconds": wall, "requests": done, "requests_per_s": done / wall,
-            "p50_ms": 1000 * statistics.median(load.latencies), "p99_ms": 1000 * percentile(load.latencies, 0.99),
-            "max_ms": 1000 * max(load.latencies), "errors": sum(load.errors.values()), "error_kinds": load.errors,
-            "first_request_ms": 1000 * first, "distinct_questions": min(load.next, len(asked)),
-            "questions_asked": load.next,
+    wall, done = loaded["seconds"], loaded["requests"]
+    return {**loaded, "first_request_ms": 1000 * first, "questions_asked": load.next,
+            "distinct_questions": min(load.next, len(asked)), "solo": solo,
             "cpu": {"server_cores": server_s / wall, "server_ms_per_request": 1000 * server_s / done,
                     "database_cores": database_s / wall, "database_ms_per_request": 1000 * database_s / done,
                     "client_cores": client_s / wall, "client_ms_per_request": 1000 * client_s / done}}
@@ -228,7 +255,7 @@ def measure_cli(store: str, asked: list[str], mode: str, k: int) -> dict[str, An
 def prepared_store(args: argparse.Namespace, workdir: Path) -> tuple[str, list[str], int | None]:
     """(store location, sampled texts of the agent, pid of the PostgreSQL server or None)."""
     if args.store:
-        return args.store, sample_texts(args.store, 2000), None
+        return args.store, sample_texts(args.store, 2000), postgres_pid(args.store) if "://" in args.store else None
     from flink_memory.config import load_config
     from flink_memory.embeddings import embedder_for
 
@@ -237,11 +264,10 @@ def prepared_store(args: argparse.Namespace, workdir: Path) -> tuple[str, list[s
     database_pid = None
     location = str(workdir / "memory.sqlite")
     if args.postgres:
-        sys.path.insert(0, str(ROOT / "tests"))
         from pgserver import start_postgres
 
         location = start_postgres(workdir / "pg")
-        database_pid = int((workdir / "pg" / "data" / "postmaster.pid").read_text().split()[0])
+        database_pid = postgres_pid(location)
     plan = argparse.Namespace(rows=args.rows, agent_units=args.agent_units, others=args.others,
                               vocabulary=20_000, chunk=5000)
     built, sample = build(location, plan, embedder.dim, embedder.name)
@@ -251,7 +277,8 @@ def prepared_store(args: argparse.Namespace, workdir: Path) -> tuple[str, list[s
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--store", help="a store built by recall_latency.py (SQLite path), used read only")
+    parser.add_argument("--store", help="a store built by recall_latency.py (SQLite path or postgresql:// URL), "
+                        "used read only")
     parser.add_argument("--postgres", action="store_true", help="build the store in a throwaway PostgreSQL server")
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--agent-units", type=int, default=100_000)
@@ -259,6 +286,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clients", type=int, default=32)
     parser.add_argument("--seconds", type=float, default=60)
     parser.add_argument("--warmup", type=float, default=5, help="seconds of load before measuring")
+    parser.add_argument("--solo-seconds", type=float, default=10, help="then one client alone (0: not measured)")
     parser.add_argument("--mode", choices=["hybrid", "keyword", "vector"], default="hybrid")
     parser.add_argument("--k", type=int, default=5)
     parser.add_argument("--timeout", type=float, default=30, help="seconds before a request counts as an error")
@@ -279,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
 
             stop_postgres(workdir / "pg")
         shutil.rmtree(workdir, ignore_errors=True)
-    store_kind = "postgresql" if args.postgres else "sqlite"
+    store_kind = "postgresql" if "://" in location else "sqlite"
     results = {"store": store_kind, "mode": args.mode, "service": service, "cli": cli}
     cpu = service["cpu"]
     print(f"{store_kind} {args.mode}: {args.clients} clients for {service['seconds']:.0f} s: "
@@ -289,15 +317,40 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  CPU: server {cpu['server_cores']:.2f} cores ({cpu['server_ms_per_request']:.1f} ms per request), "
           f"database {cpu['database_cores']:.2f} cores ({cpu['database_ms_per_request']:.1f} ms), "
           f"clients {cpu['client_cores']:.2f} cores ({cpu['client_ms_per_request']:.2f} ms)")
+    solo = service["solo"]
+    if solo:
+        print(f"  one client alone: {solo['requests_per_s']:.1f} requests/s, p50 {solo['p50_ms']:.1f} ms, "
+              f"p99 {solo['p99_ms']:.1f} ms, {solo['errors']} errors")
     if cli:
         results["cli_s_over_service_p50"] = cli["median_s"] / (service["p50_ms"] / 1000)
         results["service_over_cli_requests_per_s"] = service["requests_per_s"] / cli["requests_per_s"]
         print(f"  CLI (a process per question, {cli['questions']} questions): median {cli['median_s']:.2f} s, "
-              f"{cli['requests_per_s']:.2f} requests/s; CLI s / service p50 = {results['cli_s_over_service_p50']:.1f}x, "
-              f"service / CLI requests/s = {results['service_over_cli_requests_per_s']:.0f}x")
+              f"{cli['requests_per_s']:.2f} requests/s")
+        print(f"  service / CLI requests/s: {results['service_over_cli_requests_per_s']:.1f}x; CLI s per question / "
+              f"service p50: {results['cli_s_over_service_p50']:.2f}x with {args.clients} clients", end="")
+        if solo:
+            results["cli_s_over_solo_p50"] = cli["median_s"] / (solo["p50_ms"] / 1000)
+            print(f", {results['cli_s_over_solo_p50']:.1f}x with one client", end="")
+        print()
+    print(markdown_row(results))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0
+
+
+HEADER = ("| store | mode | clients | requests/s | p50 ms | p99 ms | errors | server CPU ms/request | database CPU "
+          "ms/request | one client: p50 ms | CLI s/question | service / CLI requests/s |\n" + "|---" * 12 + "|")
+
+
+def markdown_row(results: dict[str, Any]) -> str:
+    """The results as a row of HEADER's table (docs/benchmarks.md)."""
+    service, cli, solo = results["service"], results["cli"], results["service"]["solo"]
+    cells = [results["store"], results["mode"], service["clients"], f"{service['requests_per_s']:.1f}",
+             f"{service['p50_ms']:.0f}", f"{service['p99_ms']:.0f}", service["errors"],
+             f"{service['cpu']['server_ms_per_request']:.1f}", f"{service['cpu']['database_ms_per_request']:.1f}",
+             f"{solo['p50_ms']:.0f}" if solo else "", f"{cli['median_s']:.2f}" if cli else "",
+             f"{results['service_over_cli_requests_per_s']:.1f}" if cli else ""]
+    return HEADER + "\n| " + " | ".join(str(c) for c in cells) + " |"
 
 
 if __name__ == "__main__":
