@@ -11,7 +11,8 @@ loop, plain HTTP/1.1 on sockets: well under 1 ms of CPU per request) each send `
 (three words of one of the agent's units, recall_latency's questions) as soon as the previous answer arrived,
 for `--seconds` after a warm-up. Reported: requests/s, p50/p99 latency, errors (anything but a 200 with hits),
 and the CPU time of the server, of the database server (PostgreSQL) and of the clients, per request and in
-cores, so that what the clients take from the server's two cores is known; then one client alone (the latency
+cores, so that what the clients take from the server's two cores is known, and what other processes of the
+machine took meanwhile; then one client alone (the latency
 of a request on an idle server). Then the baseline: `flink-memory recall agent-0 QUESTION --store ...` per
 question, a new process each time, one after the other. Last, the results as a row of a markdown table.
 """
@@ -59,6 +60,12 @@ def process_cpu(pid: int) -> float:
     """CPU seconds (user + system, all threads) of a running process."""
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / TICKS
+
+
+def machine_cpu() -> float:
+    """CPU seconds every process of the machine spent (busy time of all cores, from /proc/stat)."""
+    user, nice, system, _idle, _iowait, irq, softirq = map(int, Path("/proc/stat").read_text().split()[1:8])
+    return (user + nice + system + irq + softirq) / TICKS
 
 
 def tree_cpu(root: int) -> float:
@@ -220,10 +227,12 @@ def measure_service(store: str, asked: list[str], args: argparse.Namespace, data
         load = Load(port, asked, args.mode, args.k, args.timeout)
         first = asyncio.run(load.run(1, 0, record=False))
         asyncio.run(load.run(args.clients, args.warmup, record=False))
-        cpu = (process_cpu(server.pid), time.process_time(), tree_cpu(database_pid) if database_pid else 0.0)
+        cpu = (process_cpu(server.pid), time.process_time(), tree_cpu(database_pid) if database_pid else 0.0,
+               machine_cpu())
         loaded = phase(load, args.clients, args.seconds)
         server_s, client_s, database_s = (process_cpu(server.pid) - cpu[0], time.process_time() - cpu[1],
                                           (tree_cpu(database_pid) - cpu[2]) if database_pid else 0.0)
+        others_s = max(0.0, machine_cpu() - cpu[3] - server_s - client_s - database_s)
         solo = phase(load, 1, args.solo_seconds) if args.solo_seconds else None
     finally:
         server.send_signal(signal.SIGINT)
@@ -236,7 +245,8 @@ def measure_service(store: str, asked: list[str], args: argparse.Namespace, data
             "distinct_questions": min(load.next, len(asked)), "solo": solo,
             "cpu": {"server_cores": server_s / wall, "server_ms_per_request": 1000 * server_s / done,
                     "database_cores": database_s / wall, "database_ms_per_request": 1000 * database_s / done,
-                    "client_cores": client_s / wall, "client_ms_per_request": 1000 * client_s / done}}
+                    "client_cores": client_s / wall, "client_ms_per_request": 1000 * client_s / done,
+                    "other_processes_cores": others_s / wall}}
 
 
 def measure_cli(store: str, asked: list[str], mode: str, k: int) -> dict[str, Any]:
@@ -316,7 +326,8 @@ def main(argv: list[str] | None = None) -> int:
           f"{service['first_request_ms']:.0f} ms)")
     print(f"  CPU: server {cpu['server_cores']:.2f} cores ({cpu['server_ms_per_request']:.1f} ms per request), "
           f"database {cpu['database_cores']:.2f} cores ({cpu['database_ms_per_request']:.1f} ms), "
-          f"clients {cpu['client_cores']:.2f} cores ({cpu['client_ms_per_request']:.2f} ms)")
+          f"clients {cpu['client_cores']:.2f} cores ({cpu['client_ms_per_request']:.2f} ms), other processes of the "
+          f"machine {cpu['other_processes_cores']:.2f} cores (of {os.cpu_count()})")
     solo = service["solo"]
     if solo:
         print(f"  one client alone: {solo['requests_per_s']:.1f} requests/s, p50 {solo['p50_ms']:.1f} ms, "

@@ -24,7 +24,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--stdio", action="store_true", help="MCP over stdin/stdout for a local assistant")
     serve.add_argument("--agent", help="with --stdio: the one agent the tools serve (default: any, named per call)")
     serve.add_argument("--threads", type=positive, metavar="N", help="reads served at once, each on its own store "
-                       "connection (default: one per CPU core); more requests wait their turn")
+                       "connection (default: the CPU cores + 1); more requests wait their turn")
     serve.add_argument("--config", help="for the embeddings.* settings of recall by meaning")
     serve.add_argument("--set", dest="overrides", action="append", default=[])
     serve.set_defaults(handler=run_serve)

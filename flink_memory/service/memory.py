@@ -24,7 +24,7 @@ from flink_memory.service.models import (
     RecallResponse,
     TreeEntry,
 )
-from flink_memory.service.pool import PoolBusy, StorePool, cpu_cores
+from flink_memory.service.pool import PoolBusy, StorePool, default_size
 from flink_memory.service.writer import RecordWriter, WriteFailed, as_line
 from flink_memory.store import MemoryStore, StoreError, StoreNotFound, open_store
 from flink_memory.store.core import walk_tree
@@ -74,14 +74,14 @@ class Everyone:
 class MemoryService:
     """A pool of store connections (flink_memory.service.pool: opened when first needed, the job may not
     have created the store yet) and one writer (None: read-only). Safe to call from many threads: at most
-    `threads` reads run at once (default: one per CPU core), the others wait their turn."""
+    `threads` reads run at once (default: one more than the CPU cores), the others wait their turn."""
 
     def __init__(self, store_url: str, writer: RecordWriter | None = None, *, embedder: Embedder | None = None,
                  read_only: bool = False, threads: int | None = None) -> None:
         self.store_url = store_url
         self.writer = None if read_only else writer
         self.embedder = embedder
-        self._pool = StorePool(lambda: open_store(store_url, embedder=embedder), threads or cpu_cores())
+        self._pool = StorePool(lambda: open_store(store_url, embedder=embedder), threads or default_size())
 
     # --- plumbing ------------------------------------------------------------------------------------
 

@@ -44,7 +44,7 @@ class ServeOptions:
     input: str | None = None
     read_only: bool = False
     agent: str | None = None  # stdio: the one agent the tools serve
-    threads: int | None = None  # reads at once (store connections); None: one per CPU core
+    threads: int | None = None  # reads at once (store connections); None: the cores + 1
 
 
 def is_loopback(host: str) -> bool:
