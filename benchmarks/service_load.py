@@ -165,21 +165,25 @@ class Load:
                      f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n".encode() + body)
         head = await reader.readuntil(b"\r\n\r\n")
         lines = head.decode("latin-1").split("\r\n")
-        length = next(int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:"))
+        length = next((int(line.split(":", 1)[1]) for line in lines if line.lower().startswith("content-length:")),
+                      None)
+        if length is None:
+            raise OSError(f"an answer without content-length: {lines[0]}")
         return int(lines[0].split()[1]), await reader.readexactly(length)
 
     async def _client(self, until: float, record: bool) -> None:
         connection = None
         while True:  # at least one request each
-            if connection is None:
-                connection = await asyncio.open_connection("127.0.0.1", self.port)
             started = time.perf_counter()
             try:
+                if connection is None:
+                    connection = await asyncio.open_connection("127.0.0.1", self.port)
                 status, body = await asyncio.wait_for(self._request(*connection), self.timeout_s)
             except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
                 if record:
                     self._error(type(exc).__name__)
-                connection[1].close()
+                if connection is not None:
+                    connection[1].close()
                 connection = None
                 if time.perf_counter() >= until:
                     break
