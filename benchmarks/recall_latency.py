@@ -89,6 +89,22 @@ def build(location: str, args: argparse.Namespace, dim: int, model: str) -> tupl
             "rows_per_s": rows / (write_s + vector_s), "build_s": write_s + vector_s}, sample
 
 
+def questions(sample: list[str], n: int, seed: int = 11) -> list[str]:
+    """Up to `n` distinct questions, each three words of one of the sampled texts ("What about w1 w2 w3?"):
+    one per text while the texts last, then more from the same texts (other words)."""
+    rng = random.Random(seed)
+    found: dict[str, None] = {}
+    sources = rng.sample(sample, min(n, len(sample)))
+    for _ in range(50):
+        for text in sources:
+            words = text.rstrip(".").split()
+            found.setdefault("What about " + " ".join(rng.sample(words, 3)) + "?")
+            if len(found) == n:
+                return list(found)
+        sources = sample
+    return list(found)
+
+
 def measure(location: str, embedder: Any, questions: list[str], mode: str) -> dict[str, Any]:
     with open_store(location, embedder=embedder) as store:
         started = time.perf_counter()
@@ -124,15 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"built {built['rows']} rows in {built['build_s']:.0f} s: {built['rows_per_s']:.0f} rows/s "
           f"({built['rows_per_s_text']:.0f} rows/s text and index, {built['rows_per_s_vectors']:.0f} rows/s vectors)",
           flush=True)
-    rng = random.Random(11)
-    questions = []
-    for text in rng.sample(sample, min(args.queries, len(sample))):
-        words = text.rstrip(".").split()
-        questions.append("What about " + " ".join(rng.sample(words, 3)) + "?")
+    asked = questions(sample, args.queries)
     results = {"store": "postgresql" if "://" in location else "sqlite", "agent_units": args.agent_units,
                "model": embedder.name, **built, "recall": []}
     for mode in ("hybrid", "keyword", "vector"):
-        row = measure(location, embedder, questions, mode)
+        row = measure(location, embedder, asked, mode)
         results["recall"].append(row)
         print(f"{mode:8s} p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  mean {row['mean_ms']:.1f} ms  "
               f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions)", flush=True)

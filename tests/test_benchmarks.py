@@ -85,3 +85,19 @@ def test_recall_benchmark_smallest_size(tmp_path):
     assert row["in_any_live_node"] == 1.0  # the scripted summarizer keeps names and numbers in batch nodes
     assert row["recall_at_k"] == 1.0 and 0 < row["recall_at_1"] <= row["recall_at_k"]
     assert row["global_alone"] <= row["recall_at_k"] and row["live_nodes_per_agent"] >= 7 + 1
+
+
+def test_service_load_benchmark_smallest_size(tmp_path):
+    """A served store under a few clients: every request answered with hits, distinct questions, the CPU of
+    server and clients accounted, the CLI baseline timed (no timing thresholds)."""
+    import service_load
+
+    out = tmp_path / "load.json"
+    assert service_load.main(["--rows", "2000", "--agent-units", "1000", "--others", "2", "--clients", "4",
+                              "--seconds", "2", "--warmup", "0.5", "--cli-questions", "1", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    service = results["service"]
+    assert service["errors"] == 0 and service["requests"] > 4 and service["p50_ms"] <= service["p99_ms"]
+    assert service["questions_asked"] <= service["distinct_questions"]  # no question asked twice
+    assert service["cpu"]["server_ms_per_request"] > 0 and service["cpu"]["client_cores"] < 1
+    assert results["cli"]["questions"] == 1 and results["service_over_cli_requests_per_s"] > 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from flink_memory.cli.args import positive
 from flink_memory.service.keys import KeysError, add_key, load_keys, revoke_key
 
 
@@ -22,6 +23,8 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--read-only", action="store_true", help="refuse writes (403)")
     serve.add_argument("--stdio", action="store_true", help="MCP over stdin/stdout for a local assistant")
     serve.add_argument("--agent", help="with --stdio: the one agent the tools serve (default: any, named per call)")
+    serve.add_argument("--threads", type=positive, metavar="N", help="reads served at once, each on its own store "
+                       "connection (default: the CPU cores + 1); more requests wait their turn")
     serve.add_argument("--config", help="for the embeddings.* settings of recall by meaning")
     serve.add_argument("--set", dest="overrides", action="append", default=[])
     serve.set_defaults(handler=run_serve)
@@ -57,13 +60,15 @@ def run_keys(args: argparse.Namespace) -> int:
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    from flink_memory.service.server import ServeError, ServeOptions, one_blas_thread, serve_http, serve_stdio
+
+    one_blas_thread()  # (before the embeddings load numpy)
     from flink_memory.config import load_config
     from flink_memory.embeddings import EmbeddingError, embedder_for
-    from flink_memory.service.server import ServeError, ServeOptions, serve_http, serve_stdio
     from flink_memory.service.writer import WriteFailed
 
     options = ServeOptions(store=args.store, host=args.host, port=args.port, keys=args.keys, input=args.input,
-                           read_only=args.read_only, agent=args.agent)
+                           read_only=args.read_only, agent=args.agent, threads=args.threads)
     try:
         embedder = embedder_for(load_config(args.config, args.overrides).embeddings)
         (serve_stdio if args.stdio else serve_http)(options, embedder)

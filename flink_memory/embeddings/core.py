@@ -8,6 +8,7 @@ the dimension, and refuses vectors of another name (vectors of different models 
 
 from __future__ import annotations
 
+import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -40,7 +41,8 @@ def normalized(matrix: np.ndarray) -> np.ndarray:
 
 
 class Embedder(ABC):
-    """Texts to unit vectors, cached by (query or passage, text digest)."""
+    """Texts to unit vectors, cached by (query or passage, text digest). Safe to call from several threads:
+    the cache is locked, the provider's `_embed` is not (it must be safe to run concurrently)."""
 
     name: str
     dim: int
@@ -49,6 +51,7 @@ class Embedder(ABC):
         self.batch_size = batch_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._cache_size = cache_size
+        self._lock = threading.Lock()  # the cache's; a provider's _embed may run in several threads at once
         self.embedded = 0  # texts sent to the model (cache misses)
 
     @abstractmethod
@@ -56,23 +59,31 @@ class Embedder(ABC):
         """One batch: a (len(texts), dim) array, the provider's conventions applied."""
 
     def _vectors(self, texts: Sequence[str], query: bool) -> np.ndarray:
-        keys = [digest_parts(("q" if query else "p", t)) for t in texts]
-        missing = list(dict.fromkeys(t for t, key in zip(texts, keys) if key not in self._cache))
+        kind = "q" if query else "p"
+        keys = [digest_parts((kind, t)) for t in texts]
+        with self._lock:
+            found = {key: self._cache[key] for key in keys if key in self._cache}
+        missing = list(dict.fromkeys(t for t, key in zip(texts, keys) if key not in found))
         for start in range(0, len(missing), self.batch_size):
             batch = missing[start:start + self.batch_size]
-            vectors = normalized(self._embed(batch, query))
+            vectors = normalized(self._embed(batch, query))  # (outside the lock: callers embed at once)
             if vectors.shape != (len(batch), self.dim):
                 raise EmbeddingError(f"{self.name}: expected {len(batch)} vectors of {self.dim} dimensions, got "
                                      f"{vectors.shape}")
-            self.embedded += len(batch)
-            for text, vector in zip(batch, vectors):
-                self._cache[digest_parts(("q" if query else "p", text))] = vector
+            made = {digest_parts((kind, text)): vector for text, vector in zip(batch, vectors)}
+            found.update(made)
+            with self._lock:
+                self.embedded += len(batch)
+                self._cache.update(made)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for i, key in enumerate(keys):
-            out[i] = self._cache[key]
-            self._cache.move_to_end(key)
-        while len(self._cache) > self._cache_size:
-            self._cache.popitem(last=False)
+            out[i] = found[key]
+        with self._lock:
+            for key in keys:
+                if key in self._cache:
+                    self._cache.move_to_end(key)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
         return out
 
     def passages(self, texts: Sequence[str]) -> np.ndarray:

@@ -8,11 +8,10 @@ does not exist (`NotFound`, one message for both), so a key cannot learn which a
 
 from __future__ import annotations
 
-import contextlib
 import json
-import threading
 import uuid
 from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
 from flink_memory.records import DeadLetter, parse_line
@@ -25,6 +24,7 @@ from flink_memory.service.models import (
     RecallResponse,
     TreeEntry,
 )
+from flink_memory.service.pool import PoolBusy, StorePool, default_size
 from flink_memory.service.writer import RecordTooLarge, RecordWriter, WriteFailed, as_line
 from flink_memory.store import MemoryStore, StoreError, StoreNotFound, open_store
 from flink_memory.store.core import walk_tree
@@ -64,15 +64,6 @@ class Unavailable(ServiceError):
     status = 503
 
 
-@contextlib.contextmanager
-def reading() -> Iterator[None]:
-    """A store that fails while answering (a database gone away) is 503 with its reason, never a 500."""
-    try:
-        yield
-    except StoreError as exc:
-        raise Unavailable(str(exc)) from None
-
-
 class Grant(Protocol):
     def allows(self, agent_id: str) -> bool: ...
 
@@ -85,51 +76,51 @@ class Everyone:
 
 
 class MemoryService:
-    """One store (opened when first needed: the job may not have created it yet) and one writer (None:
-    read-only). Safe to call from many threads."""
+    """A pool of store connections (flink_memory.service.pool: opened when first needed, the job may not
+    have created the store yet) and one writer (None: read-only). Safe to call from many threads: at most
+    `threads` reads run at once (default: one more than the CPU cores), the others wait their turn."""
 
     def __init__(self, store_url: str, writer: RecordWriter | None = None, *, embedder: Embedder | None = None,
-                 read_only: bool = False) -> None:
+                 read_only: bool = False, threads: int | None = None) -> None:
         self.store_url = store_url
         self.writer = None if read_only else writer
         self.embedder = embedder
-        self._store: MemoryStore | None = None
-        self._opening = threading.Lock()
-        self._embedding = threading.Lock()  # the embedder's cache is not thread-safe
+        self._pool = StorePool(lambda: open_store(store_url, embedder=embedder), threads or default_size())
 
     # --- plumbing ------------------------------------------------------------------------------------
 
-    def store(self) -> MemoryStore:
-        if self._store is None:
-            with self._opening:
-                if self._store is None:
-                    try:
-                        self._store = open_store(self.store_url, embedder=self.embedder)
-                    except StoreNotFound as exc:
-                        raise Unavailable(f"{exc} yet: the job creates it when it first writes") from None
-                    except StoreError as exc:
-                        raise Unavailable(str(exc)) from None
-        return self._store
+    @contextmanager
+    def store(self) -> Iterator[MemoryStore]:
+        """A store connection of the pool for this caller alone, while the block runs."""
+        try:
+            with self._pool.lend() as store:
+                yield store
+        except StoreNotFound as exc:
+            raise Unavailable(f"{exc} yet: the job creates it when it first writes") from None
+        except PoolBusy as exc:
+            raise Unavailable(str(exc)) from None
+        except StoreError as exc:
+            raise Unavailable(str(exc)) from None
 
-    def _agent(self, grant: Grant, agent_id: str) -> MemoryStore:
-        """The store, when `agent_id` is granted and has memory; otherwise NotFound (the same for both)."""
+    @contextmanager
+    def _agent(self, grant: Grant, agent_id: str) -> Iterator[MemoryStore]:
+        """A store, when `agent_id` is granted and has memory; otherwise NotFound (the same for both)."""
         if not grant.allows(agent_id):
             raise NotFound(agent_id)
-        store = self.store()
-        if not store.has_agent(agent_id):
-            raise NotFound(agent_id)
-        return store
+        with self.store() as store:
+            if not store.has_agent(agent_id):
+                raise NotFound(agent_id)
+            yield store
 
     def close(self) -> None:
-        if self._store is not None:
-            self._store.close()
+        self._pool.close()
         if self.writer is not None:
             self.writer.close()
 
     def health(self) -> Health:
         try:
-            self.store()
-            state = "ok"
+            with self.store():
+                state = "ok"
         except Unavailable as exc:
             state = str(exc)
         return Health(status="ok" if state == "ok" else "degraded", store=state,
@@ -139,8 +130,7 @@ class MemoryService:
 
     def memory(self, grant: Grant, agent_id: str, tree: bool = False) -> MemoryResponse:
         """The agent's current global summary, and with `tree` the live tree below it."""
-        with reading():
-            store = self._agent(grant, agent_id)
+        with self._agent(grant, agent_id) as store:
             current = store.current(agent_id)
             entries = None
             if tree and current is not None:
@@ -150,18 +140,13 @@ class MemoryService:
 
     def recall(self, grant: Grant, agent_id: str, request: RecallRequest) -> RecallResponse:
         """The agent's live units and nodes that best match the question."""
-        mode = request.mode
-        if self.embedder is None and mode == "hybrid":
-            mode = "keyword"
-        with reading():
-            store = self._agent(grant, agent_id)
+        with self._agent(grant, agent_id) as store:
+            mode = request.mode
+            if self.embedder is None and mode == "hybrid":
+                mode = "keyword"
             if self.embedder is None and mode == "vector":
                 raise Rejected("recall by meaning is off on this server (embeddings.provider: none); use mode keyword")
-            if mode == "keyword":
-                hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
-            else:
-                with self._embedding:
-                    hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
+            hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
         return RecallResponse(hits=hits)
 
     # --- writes: input records for the job --------------------------------------------------------------
