@@ -1,10 +1,20 @@
-"""The store in PostgreSQL tables that every TaskManager (and any reader) reaches; the same rows as SQLite."""
+"""The store in PostgreSQL tables that every TaskManager (and any reader) reaches; the same rows as SQLite.
+
+Vectors: with the pgvector extension, the `vector` column is pgvector's `vector`, indexed by HNSW (inner
+product, which orders unit vectors as cosine does) once the store records its model's dimension, and a
+recall asks PostgreSQL for the agent's nearest rows (flink_memory.store.pgvector). The writer creates the
+extension when the server has it (it needs the right to CREATE EXTENSION) and converts a store whose
+vectors were written as bytes. Without it the column is bytea and each reader searches its agents' vectors
+exactly in memory (flink_memory.store.vectors), as on SQLite; the writer logs which one it found.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 from flink_memory.databases import PostgresConnection, redact_url
+from flink_memory.store import pgvector
 from flink_memory.store.core import tsquery_term
 from flink_memory.store.sql import (
     CREATE_GENERATIONS,
@@ -13,14 +23,21 @@ from flink_memory.store.sql import (
     META,
     NODES,
     REPLACED,
+    VECTOR_CANDIDATES,
     MemoryStore,
     StoreError,
 )
 
+if TYPE_CHECKING:
+    from flink_memory.embeddings import Embedder
+
+log = logging.getLogger(__name__)
+
 
 class PostgresStore(MemoryStore):
-    """Full text by a stored `english` tsvector column (GIN index), which finds the candidates; vectors
-    (bytea) are searched exactly per agent. Writers lock per agent (advisory locks)."""
+    """Full text by a stored `english` tsvector column (GIN index), which finds the candidates; vectors by
+    pgvector's HNSW index, or (without the extension) as bytea searched exactly per agent. Writers lock per
+    agent (advisory locks)."""
 
     placeholder = "%s"
     LOCK_ID = 0x666D7374  # advisory lock of schema creation (per-agent writes lock on the agent's hash)
@@ -29,10 +46,12 @@ class PostgresStore(MemoryStore):
         self.location = redact_url(url)
         self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store")
         self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
+        self._indexed = False  # the HNSW index is known to exist
         try:
             if create:
                 self._db.run(self._create_schema)
             self._check_schema()
+            self.vectors: pgvector.Vectors = self._db.run(pgvector.Vectors.of_store)
         except self._db.psycopg.OperationalError as exc:
             self._db.close()
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
@@ -54,9 +73,16 @@ class PostgresStore(MemoryStore):
                 "item_count INTEGER NOT NULL, first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL, "
                 "tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED, "
                 "PRIMARY KEY (agent_id, node_id))")
+            extension = pgvector.enable(conn, self.location)
             # (columns of units and vectors: added to a store written before them too)
             conn.execute(f"ALTER TABLE {NODES} ADD COLUMN IF NOT EXISTS covered_by TEXT, "
-                         "ADD COLUMN IF NOT EXISTS digest TEXT, ADD COLUMN IF NOT EXISTS vector BYTEA")
+                         "ADD COLUMN IF NOT EXISTS digest TEXT, "
+                         f"ADD COLUMN IF NOT EXISTS vector {'vector' if extension else 'BYTEA'}")
+            if extension:
+                pgvector.convert_bytes(conn, self.location)
+                dim = conn.execute(f"SELECT value FROM {META} WHERE key = 'embedding_dim'").fetchone()
+                if dim is not None:
+                    pgvector.create_index(conn, int(dim[0]))
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_tsv ON {NODES} USING GIN (tsv)")
@@ -81,6 +107,27 @@ class PostgresStore(MemoryStore):
         sql = (f"SELECT {HIT} FROM {NODES}, to_tsquery('english', %s) q WHERE agent_id = %s AND tsv @@ q "
                "ORDER BY ts_rank_cd(tsv, q, 1) DESC LIMIT %s")
         return self._fetch(sql, (" | ".join(tsquery_term(t) for t in terms), agent_id, limit))
+
+    def _vector_value(self, vector: Any) -> Any:
+        return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
+
+    def _check_model(self, embedder: Embedder, *, record: bool) -> bool:
+        """The model check, and the HNSW index of the model's dimension once a writer recorded it."""
+        known = super()._check_model(embedder, record=record)
+        if known and record and self.vectors.extension and not self._indexed:
+            def index(conn: Any) -> None:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
+                    pgvector.create_index(conn, embedder.dim)
+
+            self._db.run(index)
+            self._indexed = True
+        return known
+
+    def _cosines(self, agent_id: str, question: Any, also: Any) -> dict[str, float]:
+        if not self.vectors.extension:
+            return super()._cosines(agent_id, question, also)
+        return self._db.run(lambda conn: self.vectors.cosines(conn, agent_id, question, VECTOR_CANDIDATES, also))
 
     def close(self) -> None:
         self._db.close()

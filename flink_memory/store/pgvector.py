@@ -1,0 +1,145 @@
+"""pgvector on the PostgreSQL store: the extension, the column converted from bytes, the HNSW index, and
+the search of one agent's nearest rows.
+
+The index is HNSW over `vector::vector(dim)` with inner-product operators (the embedder's vectors are unit
+length, so inner product orders them as cosine does, without a norm per comparison). The column itself is
+an untyped `vector`, so a store is created before its model is known; the index comes once the dimension is
+recorded. A recall asks for the agent's nearest rows by that index with the agent as a filter: pgvector
+0.8's iterative scan goes on past `hnsw.ef_search` until enough rows of the agent are found (bounded by
+`hnsw.max_scan_tuples`), and PostgreSQL's planner reads an agent with few rows through the primary key
+instead (an exact sort of its rows). The cosines themselves are computed from the rows' vectors as on
+SQLite (flink_memory.store.vectors.exact_cosines), so both stores score a row alike.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from flink_memory.store.sql import NODES
+from flink_memory.store.vectors import exact_cosines
+
+log = logging.getLogger(__name__)
+
+INDEX = f"{NODES}_hnsw"
+COLUMN_TYPE = (f"SELECT t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid WHERE a.attrelid = "
+               f"to_regclass('{NODES}') AND a.attname = 'vector' AND NOT a.attisdropped")
+VERSION = "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
+NEAREST = (f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL "
+           "ORDER BY vector::vector({dim}) <#> %s::vector({dim}) LIMIT %s")
+# the same order on the column itself, which the index (on the cast to the dimension) does not serve
+EXACT = (f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL "
+         "ORDER BY vector <#> %s::vector LIMIT %s")
+COUNT_UP_TO = f"SELECT count(*) FROM (SELECT 1 FROM {NODES} WHERE agent_id = %s LIMIT %s) rows"
+EXACT_BELOW = 5000  # an agent with fewer rows is searched exactly (measured: docs/benchmarks.md)
+VECTORS_OF = f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND node_id = ANY(%s) AND vector IS NOT NULL"
+# little-endian float32 bytes (the bytea column) as real[], for the one-time conversion of a store's column
+FLOATS = """CREATE OR REPLACE FUNCTION pg_temp.flink_memory_floats(b bytea) RETURNS real[] LANGUAGE sql IMMUTABLE AS $$
+  SELECT array_agg(CASE WHEN (w >> 23) & 255 = 0 THEN 0 ELSE (1 - 2 * (w >> 31))
+                        * (1 + (w & 8388607)::float8 / 8388608) * 2::float8 ^ (((w >> 23) & 255) - 127) END::real
+                   ORDER BY i)
+  FROM (SELECT i, get_byte(b, 4 * i)::bigint | (get_byte(b, 4 * i + 1)::bigint << 8)
+                  | (get_byte(b, 4 * i + 2)::bigint << 16) | (get_byte(b, 4 * i + 3)::bigint << 24) AS w
+        FROM generate_series(0, length(b) / 4 - 1) i) words $$"""
+
+
+def enable(conn: Any, location: str) -> bool:
+    """Create the extension when the server has it and this user may; False (logged) otherwise."""
+    import psycopg
+
+    if conn.execute(VERSION).fetchone() is not None:
+        return True
+    if conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone() is None:
+        log.warning("%s: this PostgreSQL has no pgvector extension: vectors are kept as bytes and each reader "
+                    "searches an agent's vectors in its own memory (install pgvector for an index)", location)
+        return False
+    try:
+        with conn.transaction():  # a savepoint: a refusal leaves the schema's transaction usable
+            conn.execute("CREATE EXTENSION IF NOT EXISTS vector")
+    except psycopg.Error as exc:
+        log.warning("%s: cannot create the pgvector extension (%s): vectors are kept as bytes and searched in "
+                    "each reader's memory; a superuser can run CREATE EXTENSION vector", location,
+                    str(exc).strip())
+        return False
+    return True
+
+
+def convert_bytes(conn: Any, location: str) -> None:
+    """Turn a bytea vector column (a store written without the extension) into pgvector's type, once."""
+    if conn.execute(COLUMN_TYPE).fetchone() != ("bytea",):
+        return
+    log.warning("%s: converting the stored vectors from bytes to pgvector's type (once)", location)
+    conn.execute(FLOATS)
+    conn.execute(f"ALTER TABLE {NODES} ALTER COLUMN vector TYPE vector USING pg_temp.flink_memory_floats(vector)::vector")
+
+
+def create_index(conn: Any, dim: int) -> None:
+    """The HNSW index for vectors of `dim` dimensions, unless it exists (checked first: CREATE INDEX IF NOT
+    EXISTS would still wait for the table's writers)."""
+    if conn.execute("SELECT to_regclass(%s)", (INDEX,)).fetchone()[0] is None:
+        conn.execute(f"CREATE INDEX IF NOT EXISTS {INDEX} ON {NODES} USING hnsw ((vector::vector({int(dim)})) "
+                     "vector_ip_ops)")
+
+
+def text(vector: Any) -> str:
+    """pgvector's text form of a float32 vector (9 significant digits: the same float32 read back)."""
+    return "[" + ",".join(f"{x:.9g}" for x in vector.tolist()) + "]"
+
+
+def from_binary(data: bytes) -> Any:
+    """A vector from pgvector's binary form: dimension and a spare (int16 each), then big-endian float32."""
+    import numpy as np
+
+    return np.frombuffer(data, dtype=">f4", offset=4)
+
+
+@dataclass(frozen=True)
+class Vectors:
+    """How a store keeps its vectors: pgvector's column (`extension`), its scans iterative (0.8 and later)."""
+
+    extension: bool
+    iterative: bool = False
+
+    @classmethod
+    def of_store(cls, conn: Any) -> Vectors:
+        if conn.execute(COLUMN_TYPE).fetchone() != ("vector",):
+            return cls(extension=False)
+        version = conn.execute(VERSION).fetchone()
+        numbers = tuple(int(p) for p in version[0].split(".")[:2]) if version else (0, 0)
+        return cls(extension=True, iterative=numbers >= (0, 8))
+
+    def cosines(self, conn: Any, agent_id: str, question: Any, nearest: int, also: Any) -> dict[str, float]:
+        """Cosines of the agent's `nearest` rows closest to the (unit) question and of the rows `also` names.
+
+        An agent with fewer than EXACT_BELOW rows is searched exactly (its rows by the primary key, sorted);
+        a larger one by the HNSW index, and exactly after all when the index scan stopped short of `nearest`
+        rows of the agent (its share of the table too small for the scan's bounds)."""
+        import numpy as np
+
+        dim, vector = len(question), text(question)
+        with conn.transaction():
+            small = conn.execute(COUNT_UP_TO, (agent_id, EXACT_BELOW)).fetchone()[0] < EXACT_BELOW
+            found: list[tuple[str, bytes]] = []
+            if not small:
+                for setting in self.settings():
+                    conn.execute(setting)
+                found = conn.cursor(binary=True).execute(NEAREST.format(dim=dim), (agent_id, vector, nearest)
+                                                         ).fetchall()
+            if len(found) < nearest:
+                found = conn.cursor(binary=True).execute(EXACT, (agent_id, vector, nearest)).fetchall()
+        seen = {key for key, _ in found}
+        rest = [key for key in also if key not in seen]
+        if rest:
+            found += conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, rest)).fetchall()
+        if not found:
+            return {}
+        matrix = np.stack([from_binary(vector) for _, vector in found])
+        return dict(zip([key for key, _ in found], exact_cosines(matrix, question)))
+
+    def settings(self) -> list[str]:
+        """SET LOCAL statements of an index search: an iterative scan (pgvector 0.8), else the widest
+        candidate list pgvector allows; sorting off, so that the planner walks the index rather than
+        sorting the agent's rows."""
+        scan = "hnsw.iterative_scan = relaxed_order" if self.iterative else "hnsw.ef_search = 1000"
+        return [f"SET LOCAL {scan}", "SET LOCAL enable_sort = off"]
