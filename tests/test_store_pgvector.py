@@ -60,9 +60,13 @@ def unit(agent, uid, text):
 
 
 def column_and_index(store):
+    """The vector column's type, and whether each bucket has its HNSW index."""
     kind = store._fetch("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
                         "AND attname = 'vector'", (NODES,))[0][0]
-    return kind, store._fetch("SELECT to_regclass(%s)", (INDEX,))[0][0] is not None
+    indexes = store._fetch("SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%hnsw%%'",
+                           (NODES,))[0][0]
+    assert indexes in (0, pgvector.BUCKETS)
+    return kind, indexes == pgvector.BUCKETS
 
 
 def test_vectors_are_pgvectors_with_an_hnsw_index_once_the_model_is_known(pgvector_url):
@@ -74,12 +78,14 @@ def test_vectors_are_pgvectors_with_an_hnsw_index_once_the_model_is_known(pgvect
         assert column_and_index(store) == ("vector", True)
         assert store.recall("a", "beagle", mode="vector", k=1)[0].node_id == "m1"
         def plan(conn):
+            bucket = conn.execute("SELECT hashtext('a') & 31").fetchone()[0]
             with conn.transaction():
                 conn.execute("SET LOCAL enable_seqscan = off")  # (two rows: a scan would be cheaper)
-                return str(conn.execute(f"EXPLAIN SELECT node_id FROM {NODES} ORDER BY vector::vector(64) <#> "
-                                        "%s::vector(64) LIMIT 5", (str([0.125] * 64),)).fetchall())
+                sql = pgvector.NEAREST.format(dim=64, bucket=bucket)
+                return bucket, str(conn.execute(f"EXPLAIN {sql}", ("a", str([0.125] * 64), 5)).fetchall())
 
-        assert INDEX in store._db.run(plan)  # the index serves the expression recall orders by
+        bucket, explained = store._db.run(plan)
+        assert f"{INDEX}_{bucket} " in explained  # the agent's bucket's index serves recall's query
     with open_store(pgvector_url, create=True, embedder=Hashed()) as again:  # a writer of a store with its index
         assert column_and_index(again) == ("vector", True)
 
