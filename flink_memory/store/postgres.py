@@ -33,9 +33,22 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+RARE_SHARE = 0.01  # a term in fewer of the table's rows is rare: all its matches of the agent are ranked
+MATCH_CAP = 5000  # matches of the rare terms ranked at most
+COMMON_RANKED = 2  # matches of the common terms ranked per row still wanted
+# the terms whose lexeme is among the tsvector column's most common elements, at least RARE_SHARE of the rows
+COMMON_TERMS = (
+    "WITH common AS (SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], "
+    "s.most_common_elem_freqs) m(e, f) WHERE s.schemaname = current_schema() AND s.tablename = "
+    f"'{NODES}' AND s.attname = 'tsv' AND m.f >= %s) SELECT t FROM unnest(%s::text[]) t WHERE EXISTS "
+    "(SELECT 1 FROM unnest(to_tsvector('english', t)) v JOIN common c ON c.e = v.lexeme)")
+RANKED = (f"SELECT {HIT} FROM (SELECT {HIT}, tsv FROM {NODES} WHERE agent_id = %s AND tsv @@ to_tsquery('english', "
+          "%s) LIMIT %s) m ORDER BY ts_rank_cd(tsv, to_tsquery('english', %s), 1) DESC LIMIT %s")
+
 
 class PostgresStore(MemoryStore):
-    """Full text by a stored `english` tsvector column (GIN index), which finds the candidates; vectors by
+    """Full text by a stored `english` tsvector column (GIN index), which finds the candidates (rare terms
+    first); vectors by
     pgvector's HNSW index, or (without the extension) as bytea searched exactly per agent. Writers lock per
     agent (advisory locks)."""
 
@@ -104,9 +117,21 @@ class PostgresStore(MemoryStore):
         self._db.run(write)
 
     def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
-        sql = (f"SELECT {HIT} FROM {NODES}, to_tsquery('english', %s) q WHERE agent_id = %s AND tsv @@ q "
-               "ORDER BY ts_rank_cd(tsv, q, 1) DESC LIMIT %s")
-        return self._fetch(sql, (" | ".join(tsquery_term(t) for t in terms), agent_id, limit))
+        """The agent's rows holding a rare term of the question (in under RARE_SHARE of the table's rows, by
+        PostgreSQL's statistics of the tsvector column), ranked by ts_rank_cd over all the terms; then, up to
+        `limit`, rows holding its common terms, the best of COMMON_RANKED per row wanted. Bounded so (at most
+        MATCH_CAP matches of rare terms), since a word in most of an agent's 100 000 rows would otherwise cost
+        a rank of each (hundreds of milliseconds), where its matches add little: its weight is low."""
+        common = {row[0] for row in self._fetch(COMMON_TERMS, (RARE_SHARE, terms))}
+        every = " | ".join(tsquery_term(t) for t in terms)
+        found: dict[str, tuple[Any, ...]] = {}
+        for kind, cap in (([t for t in terms if t not in common], MATCH_CAP), ([t for t in terms if t in common], 0)):
+            if kind and len(found) < limit:
+                match = " | ".join(tsquery_term(t) for t in kind)
+                cap = cap or COMMON_RANKED * (limit - len(found))
+                for row in self._fetch(RANKED, (agent_id, match, cap, every, limit)):
+                    found.setdefault(row[0], row)
+        return list(found.values())[:limit]
 
     def _vector_value(self, vector: Any) -> Any:
         return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
