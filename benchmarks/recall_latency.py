@@ -72,7 +72,7 @@ def build(location: str, args: argparse.Namespace, embedder: Any) -> tuple[dict[
     sample: list[str] = []
     keys: list[str] = []  # agent-0's rows and their vectors, for the exact search quality is measured against
     matrices: list[np.ndarray] = []
-    with open_store(location, create=True) as store:
+    with (open_store(location, create=True) if not args.existing else Unwritten()) as store:
         store._check_model(embedder, record=True)  # the model and dimension (on PostgreSQL: the HNSW index)
         if args.bulk:
             drop_index(store)
@@ -103,6 +103,19 @@ def build(location: str, args: argparse.Namespace, embedder: Any) -> tuple[dict[
             "index_s": index_s, "vectors": args.vectors}, sample, keys, np.concatenate(matrices)
 
 
+class Unwritten:
+    """(--existing) A store that takes the build's writes and keeps none: the rows are already there."""
+
+    def __enter__(self) -> Unwritten:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
 def unit_vectors(rng: np.random.Generator, n: int, basis: np.ndarray, kind: str) -> np.ndarray:
     """n unit vectors: random, or of low intrinsic dimension (a gaussian of len(basis) dimensions through
     `basis`, plus noise of NOISE per dimension)."""
@@ -117,10 +130,10 @@ def unit_vectors(rng: np.random.Generator, n: int, basis: np.ndarray, kind: str)
 
 def drop_index(store: Any) -> None:
     """(--bulk) No HNSW index while the rows go in: it is built after, as for a store converted from bytes."""
-    from flink_memory.store.pgvector import INDEX
+    from flink_memory.store.pgvector import BUCKETS, INDEX
 
     if getattr(store, "vectors", None) is not None and store.vectors.extension:
-        store._db.run(lambda conn: conn.execute(f"DROP INDEX IF EXISTS {INDEX}"))
+        store._db.run(lambda conn: [conn.execute(f"DROP INDEX IF EXISTS {INDEX}_{b}") for b in range(BUCKETS)])
 
 
 def index(store: Any, dim: int) -> float:
@@ -173,6 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", help="SQLite path or postgresql:// URL (default: a temporary SQLite file)")
     parser.add_argument("--vectors", choices=("structured", "random"), default="structured")
     parser.add_argument("--bulk", action="store_true", help="PostgreSQL: build the HNSW index after the rows")
+    parser.add_argument("--existing", action="store_true",
+                        help="the store was built by this script with the same arguments: measure only")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     embedder = embedder_for(load_config(None, [], environ={}).embeddings)

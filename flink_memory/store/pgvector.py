@@ -128,19 +128,19 @@ class Vectors:
 
         dim, vector = len(question), text(question)
         with conn.transaction():
-            rows, bucket = conn.execute(COUNT_AND_BUCKET, (agent_id, EXACT_BELOW, agent_id)).fetchone()
+            rows, bucket = conn.execute(COUNT_AND_BUCKET, (agent_id, EXACT_BELOW, agent_id), prepare=False).fetchone()
             found: list[tuple[str, bytes]] = []
             if rows >= EXACT_BELOW:
                 for setting in self.settings():
                     conn.execute(setting)
                 found = conn.cursor(binary=True).execute(NEAREST.format(dim=dim, bucket=int(bucket)),
-                                                         (agent_id, vector, nearest)).fetchall()
+                                                         (agent_id, vector, nearest), prepare=False).fetchall()
             if len(found) < nearest:
-                found = conn.cursor(binary=True).execute(EXACT, (agent_id, vector, nearest)).fetchall()
+                found = conn.cursor(binary=True).execute(EXACT, (agent_id, vector, nearest), prepare=False).fetchall()
         seen = {key for key, _ in found}
         rest = [key for key in also if key not in seen]
         if rest:
-            found += conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, rest)).fetchall()
+            found += conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, rest), prepare=False).fetchall()
         if not found:
             return {}
         matrix = np.stack([from_binary(vector) for _, vector in found])
