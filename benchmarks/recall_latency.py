@@ -74,7 +74,7 @@ def build(location: str, args: argparse.Namespace, embedder: Any) -> tuple[dict[
     matrices: list[np.ndarray] = []
     with (open_store(location, create=True) if not args.existing else Unwritten()) as store:
         store._check_model(embedder, record=True)  # the model and dimension (on PostgreSQL: the HNSW index)
-        if args.bulk:
+        if args.bulk and not args.existing:
             drop_index(store)
         for agent, count in plan:
             for start in range(0, count, args.chunk):
@@ -97,7 +97,7 @@ def build(location: str, args: argparse.Namespace, embedder: Any) -> tuple[dict[
                 rows += len(units)
             print(f"  {agent}: {count} rows ({rows:.0f} in all, {rows / (write_s + vector_s):.0f} rows/s)",
                   file=sys.stderr, flush=True) if agent == "agent-0" or int(agent.split("-")[1]) % 100 == 99 else None
-        index_s = index(store, embedder.dim) if args.bulk else 0.0
+        index_s = index(store, embedder.dim) if args.bulk and not args.existing else 0.0
     return {"rows": int(rows), "rows_per_s_text": rows / write_s, "rows_per_s_vectors": rows / vector_s,
             "rows_per_s": rows / (write_s + vector_s + index_s), "build_s": write_s + vector_s + index_s,
             "index_s": index_s, "vectors": args.vectors}, sample, keys, np.concatenate(matrices)

@@ -144,3 +144,20 @@ def test_postgres_finds_the_same_top_results_as_sqlites_exact_search_for_large_a
                             for agent in ("big", "small") for q in questions for mode in ("vector", "hybrid")])
     assert results[0] == results[1]
     assert all(len(hits) == 5 for hits in results[1])
+
+
+def test_postgres_keyword_candidates_take_the_rare_terms_matches_first(postgres_url):
+    """With the table analyzed, a word in every row is common: the rows of the question's rare word come first,
+    then rows of the common word fill the candidates up to the limit."""
+    url = new_database(postgres_url)
+    rng = random.Random(3)
+    vocabulary = [f"w{i}" for i in range(200)]
+    units = [unit("a", f"m{i}", "the user " + " ".join(rng.choices(vocabulary, k=6))) for i in range(2000)]
+    units += [unit("a", f"z{i}", f"the user owns zorblat number {i}") for i in range(3)]
+    units += [unit("b", f"m{i}", "the user " + " ".join(rng.choices(vocabulary, k=6))) for i in range(500)]
+    with open_store(url, create=True) as store:
+        store.upsert_units(units)
+        store._db.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
+        found = [row[0] for row in store._matching("a", ["user", "zorblat"], 10)]
+        assert sorted(found[:3]) == ["unit:z0", "unit:z1", "unit:z2"] and len(found) == 10
+        assert store.recall("a", "user zorblat", k=3, mode="keyword")[0].node_id.startswith("z")
