@@ -1,7 +1,7 @@
-"""PostgreSQL's store with pgvector: the vector column and its HNSW index, the nearest rows searched by
+"""PostgreSQL's store with pgvector: the vector column and its HNSW indexes, the nearest rows searched by
 PostgreSQL for a large agent and a small one alike with the same top results as SQLite's exact search, a
-store written as bytes converted by the first writer that may create the extension, and the store without
-the extension still searching exactly."""
+store written as bytes converted by the first writer that may create the extension, the store without the
+extension still searching exactly; and keyword candidates that take the question's rare terms first."""
 
 import logging
 import os
