@@ -2,15 +2,20 @@
 
     flock /tmp/heavy.lock python benchmarks/recall_latency.py --rows 1000000 --agent-units 100000
 
-Builds a store (SQLite; PostgreSQL with --postgres URL) of `--rows` memory units: `--agent-units` of them
+Builds a store (SQLite; PostgreSQL with --store postgresql://...) of `--rows` memory units: `--agent-units` of them
 belong to the measured agent, the rest to `--others` other agents. Rows go in through `upsert_units` (the
-job's write path: full-text index included), in chunks, timed as rows/s. Their vectors are random unit
-vectors of the embedding model's dimension, written through the store's own vector statement: embedding a
-million texts with the offline model is not possible here (about 30 passages/s per core), and the cost of a
-search does not depend on what the vectors hold. Then `--queries` distinct questions (three words of one of
+job's write path: full-text index included), in chunks, timed as rows/s. Their vectors are synthetic unit
+vectors of the embedding model's dimension, written through the store's own vector statement (embedding a
+million texts with the offline model is not possible here: about 30 passages/s per core): by default of a low
+intrinsic dimension, as text embeddings are (a 32-dimensional gaussian mapped into the model's space, plus
+noise), since random unit vectors in 384 dimensions have no near neighbours that an approximate index such as
+HNSW could find; `--vectors random` for those. An exact search costs the same whatever the vectors hold.
+`--bulk` (PostgreSQL) loads the vectors first and builds the HNSW index after, timed on its own. Then `--queries` distinct questions (three words of one of
 the agent's units) are recalled in hybrid mode with the real embedding model, so each timing includes
 embedding the question; p50/p99 are printed per mode. The first recall (which loads the agent's vectors) is
-reported on its own.
+reported on its own. Vector recall is checked against an exact search over the agent's vectors: the share
+of the exact top 5 that `recall(mode="vector", k=5)` returns (1.0 for an exact search; below it, what an
+approximate index such as PostgreSQL's HNSW misses).
 """
 
 from __future__ import annotations
@@ -30,11 +35,12 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from flink_memory.config import load_config  # noqa: E402
-from flink_memory.embeddings import embedder_for, to_bytes  # noqa: E402
+from flink_memory.embeddings import embedder_for  # noqa: E402
 from flink_memory.records import MemoryUnit  # noqa: E402
 from flink_memory.store import open_store  # noqa: E402
-from flink_memory.store.sql import SET_META, SET_VECTOR, text_digest  # noqa: E402
+from flink_memory.store.sql import SET_VECTOR, text_digest  # noqa: E402
 
+LATENT, NOISE = 32, 0.3  # the synthetic vectors' intrinsic dimension and noise
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "qu", "bra", "del", "for", "gin", "hal", "jor"]
 
 
@@ -54,18 +60,22 @@ def texts(rng: random.Random, vocab: list[str], n: int) -> list[str]:
     return out
 
 
-def build(location: str, args: argparse.Namespace, dim: int, model: str) -> tuple[dict[str, Any], list[str]]:
+def build(location: str, args: argparse.Namespace, embedder: Any) -> tuple[dict[str, Any], list[str], list[str], np.ndarray]:
     rng = random.Random(7)
     vocab = vocabulary(rng, args.vocabulary)
     others = max(1, args.others)
     per_other = (args.rows - args.agent_units) // others
     plan = [("agent-0", args.agent_units)] + [(f"other-{i}", per_other) for i in range(others)]
     vectors_rng = np.random.default_rng(7)
+    basis = vectors_rng.standard_normal((LATENT, embedder.dim), dtype=np.float32) / np.sqrt(LATENT)
     rows = write_s = vector_s = 0.0
     sample: list[str] = []
-    with open_store(location, create=True) as store:
-        store._write([], [(store._sql(SET_META), ("embedding_model", model)),
-                          (store._sql(SET_META), ("embedding_dim", str(dim)))])
+    keys: list[str] = []  # agent-0's rows and their vectors, for the exact search quality is measured against
+    matrices: list[np.ndarray] = []
+    with (open_store(location, create=True) if not args.existing else Unwritten()) as store:
+        store._check_model(embedder, record=True)  # the model and dimension (on PostgreSQL: the HNSW index)
+        if args.bulk and not args.existing:
+            drop_index(store)
         for agent, count in plan:
             for start in range(0, count, args.chunk):
                 batch = texts(rng, vocab, min(args.chunk, count - start))
@@ -73,20 +83,69 @@ def build(location: str, args: argparse.Namespace, dim: int, model: str) -> tupl
                                     ts="2026-01-01T00:00:00Z") for i, t in enumerate(batch)]
                 if agent == "agent-0":
                     sample.extend(batch[:: max(1, len(batch) // 50)])
+                    keys.extend(f"u{start + i}" for i in range(len(units)))
                 started = time.perf_counter()
                 store.upsert_units(units)
                 write_s += time.perf_counter() - started
-                matrix = vectors_rng.standard_normal((len(units), dim), dtype=np.float32)
-                matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+                matrix = unit_vectors(vectors_rng, len(units), basis, args.vectors)
+                if agent == "agent-0":
+                    matrices.append(matrix)
                 started = time.perf_counter()
-                store._write([agent], [(store._sql(SET_VECTOR), (to_bytes(v), agent, f"unit:{u.unit_id}",
+                store._write([agent], [(store._sql(SET_VECTOR), (store._vector_value(v), agent, f"unit:{u.unit_id}",
                                                                  text_digest(u.text))) for u, v in zip(units, matrix)])
                 vector_s += time.perf_counter() - started
                 rows += len(units)
             print(f"  {agent}: {count} rows ({rows:.0f} in all, {rows / (write_s + vector_s):.0f} rows/s)",
                   file=sys.stderr, flush=True) if agent == "agent-0" or int(agent.split("-")[1]) % 100 == 99 else None
+        index_s = index(store, embedder.dim) if args.bulk and not args.existing else 0.0
     return {"rows": int(rows), "rows_per_s_text": rows / write_s, "rows_per_s_vectors": rows / vector_s,
-            "rows_per_s": rows / (write_s + vector_s), "build_s": write_s + vector_s}, sample
+            "rows_per_s": rows / (write_s + vector_s + index_s), "build_s": write_s + vector_s + index_s,
+            "index_s": index_s, "vectors": args.vectors}, sample, keys, np.concatenate(matrices)
+
+
+class Unwritten:
+    """(--existing) A store that takes the build's writes and keeps none: the rows are already there."""
+
+    def __enter__(self) -> Unwritten:
+        return self
+
+    def __exit__(self, *_exc: Any) -> None:
+        pass
+
+    def __getattr__(self, name: str) -> Any:
+        return lambda *args, **kwargs: None
+
+
+def unit_vectors(rng: np.random.Generator, n: int, basis: np.ndarray, kind: str) -> np.ndarray:
+    """n unit vectors: random, or of low intrinsic dimension (a gaussian of len(basis) dimensions through
+    `basis`, plus noise of NOISE per dimension)."""
+    dim = basis.shape[1]
+    if kind == "random":
+        matrix = rng.standard_normal((n, dim), dtype=np.float32)
+    else:
+        matrix = rng.standard_normal((n, len(basis)), dtype=np.float32) @ basis
+        matrix += NOISE * rng.standard_normal((n, dim), dtype=np.float32)
+    return matrix / np.linalg.norm(matrix, axis=1, keepdims=True)
+
+
+def drop_index(store: Any) -> None:
+    """(--bulk) No HNSW index while the rows go in: it is built after, as for a store converted from bytes."""
+    from flink_memory.store.pgvector import BUCKETS, INDEX
+
+    if getattr(store, "vectors", None) is not None and store.vectors.extension:
+        store._db.run(lambda conn: [conn.execute(f"DROP INDEX IF EXISTS {INDEX}_{b}") for b in range(BUCKETS)])
+
+
+def index(store: Any, dim: int) -> float:
+    """(--bulk) Build the HNSW index over the loaded vectors; its seconds."""
+    from flink_memory.store import pgvector
+
+    if getattr(store, "vectors", None) is None or not store.vectors.extension:
+        return 0.0
+    started = time.perf_counter()
+    store._db.run(lambda conn: pgvector.create_index(conn, dim))
+    print(f"  HNSW index built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
+    return time.perf_counter() - started
 
 
 def questions(sample: list[str], n: int, seed: int = 11) -> list[str]:
@@ -121,6 +180,17 @@ def measure(location: str, embedder: Any, questions: list[str], mode: str) -> di
             "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "mean_ms": statistics.fmean(times)}
 
 
+def agreement(location: str, embedder: Any, questions: list[str], keys: list[str], matrix: np.ndarray) -> float:
+    """The share of the exact top 5 (by cosine over the agent's vectors) that vector recall returns."""
+    found = 0
+    with open_store(location, embedder=embedder) as store:
+        for question in questions:
+            scores = matrix @ embedder.query(question)
+            exact = {keys[i] for i in np.argsort(-scores)[:5]}
+            found += len(exact & {h.node_id for h in store.recall("agent-0", question, k=5, mode="vector")})
+    return found / (5 * len(questions))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
@@ -130,13 +200,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=5000, help="units per upsert_units call")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--store", help="SQLite path or postgresql:// URL (default: a temporary SQLite file)")
+    parser.add_argument("--vectors", choices=("structured", "random"), default="structured")
+    parser.add_argument("--bulk", action="store_true", help="PostgreSQL: build the HNSW index after the rows")
+    parser.add_argument("--existing", action="store_true",
+                        help="the store was built by this script with the same arguments: measure only")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     embedder = embedder_for(load_config(None, [], environ={}).embeddings)
     assert embedder is not None
     workdir = Path(tempfile.mkdtemp(prefix="recall-latency-"))
     location = args.store or str(workdir / "memory.sqlite")
-    built, sample = build(location, args, embedder.dim, embedder.name)
+    built, sample, keys, matrix = build(location, args, embedder)
     print(f"built {built['rows']} rows in {built['build_s']:.0f} s: {built['rows_per_s']:.0f} rows/s "
           f"({built['rows_per_s_text']:.0f} rows/s text and index, {built['rows_per_s_vectors']:.0f} rows/s vectors)",
           flush=True)
@@ -148,6 +222,8 @@ def main(argv: list[str] | None = None) -> int:
         results["recall"].append(row)
         print(f"{mode:8s} p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  mean {row['mean_ms']:.1f} ms  "
               f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions)", flush=True)
+    results["vector_top5_agreement"] = agreement(location, embedder, questions, keys, matrix)
+    print(f"vector recall returns {results['vector_top5_agreement']:.3f} of the exact top 5", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
     return 0

@@ -176,7 +176,7 @@ def test_api_key_is_a_secret_file_of_the_taskmanagers_never_an_environment_varia
 
 def test_postgres_is_journal_and_store(compose):
     postgres = compose["services"]["postgres"]
-    assert re.fullmatch(r"\$\{POSTGRES_IMAGE:-postgres:\d+\}", postgres["image"])
+    assert re.fullmatch(r"\$\{POSTGRES_IMAGE:-pgvector/pgvector:pg\d+\}", postgres["image"])  # with pgvector
     assert "pgdata:/var/lib/postgresql/data" in postgres["volumes"] and "pgdata" in compose["volumes"]
     assert "ports" not in postgres  # only on the compose network
     assert postgres["healthcheck"]["test"][:2] == ["CMD", "pg_isready"]

@@ -1,6 +1,7 @@
 """Memory units and vectors in the store (SQLite and PostgreSQL): units beside nodes, deletions that leave no
 row and no vector, the embedding model recorded and enforced, the same ranking on both stores."""
 
+import json
 import zlib
 
 import numpy as np
@@ -31,11 +32,24 @@ class Hashed(Embedder):
         return out + 0.01
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def location(request, tmp_path) -> str:
-    if request.param == "sqlite":
+def new_location(kind, request, tmp_path) -> str:
+    """A new store: SQLite; PostgreSQL (with pgvector when the test server has it); or PostgreSQL whose user
+    may not create the extension (`postgres-bytes`: vectors as bytes, searched in each reader's memory)."""
+    if kind == "sqlite":
         return str(tmp_path / "memory.sqlite")
-    return new_database(request.getfixturevalue("postgres_url"))
+    url = request.getfixturevalue("postgres_url")
+    return new_database(url, owner="plain") if kind == "postgres-bytes" else new_database(url)
+
+
+@pytest.fixture(params=["sqlite", "postgres", "postgres-bytes"])
+def location(request, tmp_path) -> str:
+    return new_location(request.param, request, tmp_path)
+
+
+@pytest.fixture(params=["sqlite", "postgres-bytes"])
+def exact_location(request, tmp_path) -> str:
+    """The stores whose readers search vectors in their own memory."""
+    return new_location(request.param, request, tmp_path)
 
 
 def unit(uid, text, agent="a"):
@@ -48,9 +62,16 @@ def batch(node_id, children, text, replaces=(), agent="a"):
                        item_count=len(children), model="m", replaces=list(replaces))
 
 
+def as_vector(stored):
+    """A stored vector: float32 bytes, or pgvector's text form on PostgreSQL with the extension."""
+    if stored is None or isinstance(stored, (bytes, memoryview)):
+        return None if stored is None else from_bytes(bytes(stored))
+    return np.array(json.loads(stored), dtype=np.float32)
+
+
 def rows_and_vectors(store):
     rows = store._fetch(store._sql(f"SELECT text, body, vector FROM {NODES}"), ())
-    return [(text, body, None if v is None else from_bytes(bytes(v))) for text, body, v in rows]
+    return [(text, body, as_vector(v)) for text, body, v in rows]
 
 
 def assert_gone(store, old_text):
@@ -201,11 +222,11 @@ def test_the_backfill_retries_a_failing_provider_and_refuses_another_models_stor
         other.name(["a"])  # the writer sees it: vectors of two models are never mixed
 
 
-def test_a_reader_keeps_an_agents_vectors_until_a_write_moves_its_generation(location):
+def test_a_reader_keeps_an_agents_vectors_until_a_write_moves_its_generation(exact_location):
     """The per-agent matrix is reused while nothing of the agent changed, and reloaded after any write."""
-    with open_store(location, create=True, embedder=Hashed()) as store:
+    with open_store(exact_location, create=True, embedder=Hashed()) as store:
         store.upsert_units([unit("m1", "Rex is a beagle."), unit("m2", "Rent is 900 EUR.")])
-        with open_store(location, embedder=Hashed()) as reader:
+        with open_store(exact_location, embedder=Hashed()) as reader:
             assert reader.recall("a", "beagle", mode="vector")[0].node_id == "m1"
             loaded = reader._vector_cache._agents["a"]
             assert reader.recall("a", "rent", mode="vector")[0].node_id == "m2"

@@ -1,10 +1,20 @@
-"""The store in PostgreSQL tables that every TaskManager (and any reader) reaches; the same rows as SQLite."""
+"""The store in PostgreSQL tables that every TaskManager (and any reader) reaches; the same rows as SQLite.
+
+Vectors: with the pgvector extension, the `vector` column is pgvector's `vector`, indexed by HNSW (inner
+product, which orders unit vectors as cosine does) once the store records its model's dimension, and a
+recall asks PostgreSQL for the agent's nearest rows (flink_memory.store.pgvector). The writer creates the
+extension when the server has it (it needs the right to CREATE EXTENSION) and converts a store whose
+vectors were written as bytes. Without it the column is bytea and each reader searches its agents' vectors
+exactly in memory (flink_memory.store.vectors), as on SQLite; the writer logs which one it found.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from typing import TYPE_CHECKING, Any
 
 from flink_memory.databases import PostgresConnection, redact_url
+from flink_memory.store import pgvector
 from flink_memory.store.core import tsquery_term
 from flink_memory.store.sql import (
     CREATE_GENERATIONS,
@@ -13,14 +23,34 @@ from flink_memory.store.sql import (
     META,
     NODES,
     REPLACED,
+    VECTOR_CANDIDATES,
     MemoryStore,
     StoreError,
 )
 
+if TYPE_CHECKING:
+    from flink_memory.embeddings import Embedder
+
+log = logging.getLogger(__name__)
+
+RARE_SHARE = 0.01  # a term in fewer of the table's rows is rare: all its matches of the agent are ranked
+MATCH_CAP = 5000  # matches of the rare terms ranked at most
+COMMON_RANKED = 2  # matches of the common terms ranked per row still wanted
+# the terms whose lexeme is among the tsvector column's most common elements, at least RARE_SHARE of the rows
+COMMON_TERMS = (
+    "WITH common AS (SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], "
+    "s.most_common_elem_freqs) m(e, f) WHERE s.schemaname = current_schema() AND s.tablename = "
+    f"'{NODES}' AND s.attname = 'tsv' AND m.f >= %s) SELECT t FROM unnest(%s::text[]) t WHERE EXISTS "
+    "(SELECT 1 FROM unnest(to_tsvector('english', t)) v JOIN common c ON c.e = v.lexeme)")
+RANKED = (f"SELECT {HIT} FROM (SELECT {HIT}, tsv FROM {NODES} WHERE agent_id = %s AND tsv @@ to_tsquery('english', "
+          "%s) LIMIT %s) m ORDER BY ts_rank_cd(tsv, to_tsquery('english', %s), 1) DESC LIMIT %s")
+
 
 class PostgresStore(MemoryStore):
-    """Full text by a stored `english` tsvector column (GIN index), which finds the candidates; vectors
-    (bytea) are searched exactly per agent. Writers lock per agent (advisory locks)."""
+    """Full text by a stored `english` tsvector column (GIN index), which finds the candidates (rare terms
+    first); vectors by
+    pgvector's HNSW index, or (without the extension) as bytea searched exactly per agent. Writers lock per
+    agent (advisory locks)."""
 
     placeholder = "%s"
     LOCK_ID = 0x666D7374  # advisory lock of schema creation (per-agent writes lock on the agent's hash)
@@ -29,10 +59,12 @@ class PostgresStore(MemoryStore):
         self.location = redact_url(url)
         self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store")
         self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
+        self._indexed = False  # the HNSW index is known to exist
         try:
             if create:
                 self._db.run(self._create_schema)
             self._check_schema()
+            self.vectors: pgvector.Vectors = self._db.run(pgvector.Vectors.of_store)
         except self._db.psycopg.OperationalError as exc:
             self._db.close()
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
@@ -54,9 +86,16 @@ class PostgresStore(MemoryStore):
                 "item_count INTEGER NOT NULL, first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL, "
                 "tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED, "
                 "PRIMARY KEY (agent_id, node_id))")
+            extension = pgvector.enable(conn, self.location)
             # (columns of units and vectors: added to a store written before them too)
             conn.execute(f"ALTER TABLE {NODES} ADD COLUMN IF NOT EXISTS covered_by TEXT, "
-                         "ADD COLUMN IF NOT EXISTS digest TEXT, ADD COLUMN IF NOT EXISTS vector BYTEA")
+                         "ADD COLUMN IF NOT EXISTS digest TEXT, "
+                         f"ADD COLUMN IF NOT EXISTS vector {'vector' if extension else 'BYTEA'}")
+            if extension:
+                pgvector.convert_bytes(conn, self.location)
+                dim = conn.execute(f"SELECT value FROM {META} WHERE key = 'embedding_dim'").fetchone()
+                if dim is not None:
+                    pgvector.create_index(conn, int(dim[0]))
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_tsv ON {NODES} USING GIN (tsv)")
@@ -65,8 +104,11 @@ class PostgresStore(MemoryStore):
                          "PRIMARY KEY (agent_id, node_id))")
 
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        # planned for its parameters each time: psycopg prepares a statement run five times, and PostgreSQL may
+        # then reuse one generic plan, which for a query by agent fits one size of agent only (a sequential
+        # scan for an agent of 100 000 rows made every keyword query of the others cost 100-200 ms)
         try:
-            return self._db.run(lambda c: c.execute(sql, params).fetchall())
+            return self._db.run(lambda c: c.execute(sql, params, prepare=False).fetchall())
         except self._db.psycopg.OperationalError as exc:  # a reader (the service) answers 503, not a crash
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
 
@@ -81,9 +123,42 @@ class PostgresStore(MemoryStore):
         self._db.run(write)
 
     def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
-        sql = (f"SELECT {HIT} FROM {NODES}, to_tsquery('english', %s) q WHERE agent_id = %s AND tsv @@ q "
-               "ORDER BY ts_rank_cd(tsv, q, 1) DESC LIMIT %s")
-        return self._fetch(sql, (" | ".join(tsquery_term(t) for t in terms), agent_id, limit))
+        """The agent's rows holding a rare term of the question (in under RARE_SHARE of the table's rows, by
+        PostgreSQL's statistics of the tsvector column), ranked by ts_rank_cd over all the terms; then, up to
+        `limit`, rows holding its common terms, the best of COMMON_RANKED per row wanted. Bounded so (at most
+        MATCH_CAP matches of rare terms), since a word in most of an agent's 100 000 rows would otherwise cost
+        a rank of each (hundreds of milliseconds), where its matches add little: its weight is low."""
+        common = {row[0] for row in self._fetch(COMMON_TERMS, (RARE_SHARE, terms))}
+        every = " | ".join(tsquery_term(t) for t in terms)
+        found: dict[str, tuple[Any, ...]] = {}
+        for kind, cap in (([t for t in terms if t not in common], MATCH_CAP), ([t for t in terms if t in common], 0)):
+            if kind and len(found) < limit:
+                match = " | ".join(tsquery_term(t) for t in kind)
+                cap = cap or COMMON_RANKED * (limit - len(found))
+                for row in self._fetch(RANKED, (agent_id, match, cap, every, limit)):
+                    found.setdefault(row[0], row)
+        return list(found.values())[:limit]
+
+    def _vector_value(self, vector: Any) -> Any:
+        return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
+
+    def _check_model(self, embedder: Embedder, *, record: bool) -> bool:
+        """The model check, and the HNSW index of the model's dimension once a writer recorded it."""
+        known = super()._check_model(embedder, record=record)
+        if known and record and self.vectors.extension and not self._indexed:
+            def index(conn: Any) -> None:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
+                    pgvector.create_index(conn, embedder.dim)
+
+            self._db.run(index)
+            self._indexed = True
+        return known
+
+    def _cosines(self, agent_id: str, question: Any, also: Any) -> dict[str, float]:
+        if not self.vectors.extension:
+            return super()._cosines(agent_id, question, also)
+        return self._db.run(lambda conn: self.vectors.cosines(conn, agent_id, question, VECTOR_CANDIDATES, also))
 
     def close(self) -> None:
         self._db.close()

@@ -283,8 +283,6 @@ class MemoryStore(ABC):
     def embed_pending(self, agents: Iterable[str]) -> int:
         """Embed the agents' rows that have no vector yet (reusing the vector of a live row with the same
         text); returns how many rows got one. Without an embedder: 0."""
-        from flink_memory.embeddings import to_bytes
-
         if self.embedder is None:
             return 0
         done = 0
@@ -294,10 +292,15 @@ class MemoryStore(ABC):
                 continue
             vectors = self.embedder.passages([text for _, text, _ in rows])
             self._check_model(self.embedder, record=True)
-            self._commit([agent], [(self._sql(SET_VECTOR), (to_bytes(v), agent, key, digest))
+            self._commit([agent], [(self._sql(SET_VECTOR), (self._vector_value(v), agent, key, digest))
                                   for (key, _, digest), v in zip(rows, vectors)])
             done += len(rows)
         return done
+
+    def _vector_value(self, vector: Any) -> Any:
+        """A vector as SET_VECTOR writes it: little-endian float32 bytes (PostgreSQL's pgvector column: text)."""
+        from flink_memory.embeddings import to_bytes
+        return to_bytes(vector)
 
     # --- reads ---------------------------------------------------------------------------------------
 
@@ -369,8 +372,7 @@ class MemoryStore(ABC):
         return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion)]
 
     def _cosines(self, agent_id: str, question: Any, also: Iterable[str]) -> dict[str, float]:
-        """Cosines of the agent's nearest embedded rows and of the rows `also` names: an exact search over
-        the agent's vectors, kept in memory while the agent's generation stays (flink_memory.store.vectors)."""
+        """Cosines of the agent's nearest rows and of `also`: exact, on its cached matrix (store/vectors.py)."""
         if self._vector_cache is None:
             self._vector_cache = VectorCache()
         vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),

@@ -62,9 +62,16 @@ def cosines(vectors: AgentVectors, question: np.ndarray, nearest: int, also: Ite
         return {}
     scores = vectors.matrix @ question
     top = np.argpartition(-scores, nearest - 1)[:nearest] if len(scores) > nearest else np.arange(len(scores))
-    picked = {vectors.keys[i]: float(scores[i]) for i in top.tolist()}
-    for key in also:
-        i = vectors.index.get(key)
-        if i is not None:
-            picked[key] = float(scores[i])
-    return picked
+    rows = dict.fromkeys(top.tolist())
+    rows.update((i, None) for i in (vectors.index.get(key) for key in also) if i is not None)
+    picked = list(rows)
+    return dict(zip([vectors.keys[i] for i in picked], exact_cosines(vectors.matrix[picked], question)))
+
+
+def exact_cosines(matrix: np.ndarray, question: np.ndarray) -> list[float]:
+    """Each row's cosine with the (unit) question as both stores report it: in float64, rounded to 10
+    decimals, so that a row's cosine does not depend on where it sits in a matrix (float32 sums do, by the
+    BLAS kernel's blocking) and rows tied in exact arithmetic stay tied (the ranking orders them by key)."""
+    import numpy as np
+
+    return np.round(matrix.astype(np.float64) @ question.astype(np.float64), 10).tolist()

