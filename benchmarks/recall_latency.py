@@ -11,6 +11,9 @@ search does not depend on what the vectors hold. Then `--queries` distinct quest
 the agent's units) are recalled in hybrid mode with the real embedding model, so each timing includes
 embedding the question; p50/p99 are printed per mode. The first recall (which loads the agent's vectors) is
 reported on its own.
+
+`--reuse PATH` measures a store this benchmark built before (read only, no build): the questions come from
+the same rows a build samples (every 100th of agent-0's units), so a reused store gets the same questions.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from flink_memory.config import load_config  # noqa: E402
 from flink_memory.embeddings import embedder_for, to_bytes  # noqa: E402
 from flink_memory.records import MemoryUnit  # noqa: E402
 from flink_memory.store import open_store  # noqa: E402
-from flink_memory.store.sql import SET_META, SET_VECTOR, text_digest  # noqa: E402
+from flink_memory.store.sql import NODES, SET_META, SET_VECTOR, text_digest  # noqa: E402
 
 SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "qu", "bra", "del", "for", "gin", "hal", "jor"]
 
@@ -89,7 +92,20 @@ def build(location: str, args: argparse.Namespace, dim: int, model: str) -> tupl
             "rows_per_s": rows / (write_s + vector_s), "build_s": write_s + vector_s}, sample
 
 
+def reused_sample(location: str, agent_units: int, chunk: int) -> list[str]:
+    """The texts `build` samples, read back from a store it built: every 100th of agent-0's units (by number)."""
+    keys = [f"unit:u{start + i}" for start in range(0, agent_units, chunk)
+            for i in range(0, min(chunk, agent_units - start), max(1, min(chunk, agent_units - start) // 50))]
+    with open_store(location) as store:
+        found = dict(store._fetch(f"SELECT node_id, text FROM {NODES} WHERE agent_id = 'agent-0'", ()))
+    missing = [key for key in keys if key not in found]
+    if missing:
+        raise SystemExit(f"{location} is not a store of --agent-units {agent_units}: no {missing[0]} of agent-0")
+    return [found[key] for key in keys]
+
+
 def measure(location: str, embedder: Any, questions: list[str], mode: str) -> dict[str, Any]:
+    embedder._cache.clear()  # every mode embeds its questions (the cache would serve the modes after the first)
     with open_store(location, embedder=embedder) as store:
         started = time.perf_counter()
         store.recall("agent-0", "warm up the first question", k=5, mode=mode)
@@ -114,16 +130,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=5000, help="units per upsert_units call")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--store", help="SQLite path or postgresql:// URL (default: a temporary SQLite file)")
+    parser.add_argument("--reuse", metavar="PATH", help="measure this store, built before by this benchmark with "
+                        "the same --agent-units and --chunk (read only, nothing built)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     embedder = embedder_for(load_config(None, [], environ={}).embeddings)
     assert embedder is not None
-    workdir = Path(tempfile.mkdtemp(prefix="recall-latency-"))
-    location = args.store or str(workdir / "memory.sqlite")
-    built, sample = build(location, args, embedder.dim, embedder.name)
-    print(f"built {built['rows']} rows in {built['build_s']:.0f} s: {built['rows_per_s']:.0f} rows/s "
-          f"({built['rows_per_s_text']:.0f} rows/s text and index, {built['rows_per_s_vectors']:.0f} rows/s vectors)",
-          flush=True)
+    built: dict[str, Any]
+    if args.reuse:
+        location = args.reuse
+        built, sample = {"reused": location}, reused_sample(location, args.agent_units, args.chunk)
+    else:
+        location = args.store or str(Path(tempfile.mkdtemp(prefix="recall-latency-")) / "memory.sqlite")
+        built, sample = build(location, args, embedder.dim, embedder.name)
+        print(f"built {built['rows']} rows in {built['build_s']:.0f} s: {built['rows_per_s']:.0f} rows/s "
+              f"({built['rows_per_s_text']:.0f} rows/s text and index, {built['rows_per_s_vectors']:.0f} rows/s "
+              "vectors)", flush=True)
     rng = random.Random(11)
     questions = []
     for text in rng.sample(sample, min(args.queries, len(sample))):

@@ -9,8 +9,9 @@ the dimension, and refuses vectors of another name (vectors of different models 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -82,6 +83,30 @@ class Embedder(ABC):
     def query(self, text: str) -> np.ndarray:
         """The vector of a question: (dim,)."""
         return self._vectors([text], query=True)[0]
+
+    def query_meanwhile(self, text: str) -> Callable[[], np.ndarray]:
+        """`query(text)` computed in a thread while the caller goes on (a model's engine and an HTTP request
+        release the GIL): calling the result waits for the vector (or raises what `query` raised). A caller
+        calls it before it returns, also on errors, so the embedder is never used by two of its calls."""
+        done: list[np.ndarray] = []
+        failed: list[BaseException] = []
+
+        def run() -> None:
+            try:
+                done.append(self.query(text))
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=run, name="embed-question", daemon=True)
+        thread.start()
+
+        def result() -> np.ndarray:
+            thread.join()
+            if failed:
+                raise failed[0]
+            return done[0]
+
+        return result
 
 
 def embedder_for(config: EmbeddingsConfig) -> Embedder | None:

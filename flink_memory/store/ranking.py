@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from flink_memory.store.core import SPECIFICITY
@@ -35,6 +35,7 @@ Fusion = Literal["weighted", "rrf"]
 _WORD = re.compile(r"[^\W_]+")
 
 
+@lru_cache(maxsize=1 << 16)  # (a store's rows repeat their words: a lookup costs far less than stripping)
 def stem(word: str) -> str:
     """A light English suffix stripper (plurals, -ing, -ed), the same for questions and rows."""
     if len(word) <= 3 or word.isdigit():
@@ -69,20 +70,28 @@ def idf(rows: int, holding: int) -> float:
 def keyword_scores(terms: Sequence[str], texts: Sequence[str], rows: int) -> list[float]:
     """BM25 of each text for the question terms (already query_terms'd); `rows` is the agent's row count."""
     stems = list(dict.fromkeys(stem(t) for t in terms))
-    docs = [Counter(words(t)) for t in texts]
-    if not docs or not stems:
-        return [0.0] * len(docs)
-    lengths = [sum(d.values()) for d in docs]
+    if not texts or not stems:
+        return [0.0] * len(texts)
+    place = {term: i for i, term in enumerate(stems)}
+    starts = tuple(term[:-1] for term in stems)  # what a word stemmed to a term starts with: others are not stemmed
+    counts: list[list[int]] = []
+    lengths: list[int] = []
+    for text in texts:
+        found = _WORD.findall(text.lower())
+        tf = [0] * len(stems)
+        for word in found:
+            if word.startswith(starts) and (i := place.get(stem(word))) is not None:
+                tf[i] += 1
+        counts.append(tf)
+        lengths.append(len(found))
     average = sum(lengths) / len(lengths) or 1.0
-    holding = {t: sum(1 for d in docs if d[t]) for t in stems}
-    weights = {t: idf(max(rows, len(docs)), holding[t]) for t in stems}
+    weights = [idf(max(rows, len(texts)), sum(1 for tf in counts if tf[i])) for i in range(len(stems))]
     scores = []
-    for doc, length in zip(docs, lengths):
+    for tf, length in zip(counts, lengths):
         score = 0.0
-        for term in stems:
-            tf = doc[term]
-            if tf:
-                score += weights[term] * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / average))
+        for weight, n in zip(weights, tf):
+            if n:
+                score += weight * n * (K1 + 1) / (n + K1 * (1 - B + B * length / average))
         scores.append(score)
     return scores
 

@@ -36,6 +36,7 @@ from flink_memory.store.core import (
     UNIT_STEPS,
     Recalled,
     as_node,
+    as_unit,
     query_terms,
     specificity_steps,
 )
@@ -47,7 +48,7 @@ if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
 
 Mode = Literal["hybrid", "keyword", "vector"]
-KEYWORD_CANDIDATES = 400  # rows sharing a term with the question, best by the engine's own rank
+KEYWORD_CANDIDATES = 400  # rows sharing a term with the question (MemoryStore._matching)
 VECTOR_CANDIDATES = 50  # nearest rows by cosine
 
 SCHEMA_VERSION = 1
@@ -126,14 +127,6 @@ def node_row(node: SummaryNode) -> tuple[Any, ...]:
             text_digest(node.text))
 
 
-def as_unit(value: MemoryUnit | dict[str, Any] | str | bytes) -> MemoryUnit:
-    if isinstance(value, MemoryUnit):
-        return value
-    if isinstance(value, (str, bytes)):
-        return MemoryUnit.model_validate_json(value)
-    return MemoryUnit.model_validate(value)
-
-
 def unit_row(unit: MemoryUnit) -> tuple[Any, ...]:
     return (unit.agent_id, UNIT_PREFIX + unit.unit_id, UNIT_KIND, 0, UNIT_STEPS, None, 1, unit.ts, unit.ts,
             unit.text, unit.model_dump_json(), text_digest(unit.text))
@@ -156,7 +149,7 @@ class MemoryStore(ABC):
     location: str
     embedder: Embedder | None = None
     missing_table: tuple[type[Exception], ...] = ()  # what the driver raises for a table that is not there
-    _vector_cache: VectorCache | None = None  # this reader's per-agent matrices
+    _vector_cache: VectorCache | None = None  # this reader's per-agent matrices and row counts
 
     @abstractmethod
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
@@ -167,8 +160,8 @@ class MemoryStore(ABC):
 
     @abstractmethod
     def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
-        """HIT columns of the agent's rows holding any of `terms` (full text), at most `limit`, the engine's
-        best first."""
+        """HIT columns of the agent's rows holding any of `terms` (full text): all of them when there are at
+        most `limit`, else `limit` of those likely to rank best (by the engine's own rank or cheaper)."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -347,10 +340,15 @@ class MemoryStore(ABC):
         mode = mode or ("hybrid" if self.embedder is not None else "keyword")
         if mode != "keyword" and self.embedder is None:
             raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
-        rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
+        embedder = self.embedder if mode != "keyword" and self._check_model(self.embedder, record=False) else None
+        question = embedder.query_meanwhile(query) if embedder else None  # embedded while the store searches
+        try:
+            rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
+        finally:
+            vector = question() if question is not None else None
         cosines: dict[str, float] = {}
-        if mode != "keyword" and self.embedder is not None and self._check_model(self.embedder, record=False):
-            cosines = self._cosines(agent_id, self.embedder.query(query), rows)
+        if vector is not None:
+            cosines = self._cosines(agent_id, vector, rows)
             nearest = sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES]
             missing = [key for key in nearest if key not in rows]
             if missing:
@@ -359,7 +357,9 @@ class MemoryStore(ABC):
                 rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
         if not rows:
             return []
-        total = int(self._fetch(self._sql(ROWS_OF_AGENT), (agent_id,))[0][0])
+        self._vector_cache = self._vector_cache or VectorCache()
+        total = self._vector_cache.rows(agent_id, self._generation(agent_id),
+                                        lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
         return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion)]
 
