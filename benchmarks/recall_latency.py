@@ -132,9 +132,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--store", help="SQLite path or postgresql:// URL (default: a temporary SQLite file)")
     parser.add_argument("--reuse", metavar="PATH", help="measure this store, built before by this benchmark with "
                         "the same --agent-units and --chunk (read only, nothing built)")
+    parser.add_argument("--threads", type=int, help="CPU threads of the embedded model (embeddings.threads; "
+                        "default: the configuration's)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
-    embedder = embedder_for(load_config(None, [], environ={}).embeddings)
+    overrides = [f"embeddings.threads={args.threads}"] if args.threads else []
+    embedder = embedder_for(load_config(None, overrides, environ={}).embeddings)
     assert embedder is not None
     built: dict[str, Any]
     if args.reuse:
@@ -152,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
         words = text.rstrip(".").split()
         questions.append("What about " + " ".join(rng.sample(words, 3)) + "?")
     results = {"store": "postgresql" if "://" in location else "sqlite", "agent_units": args.agent_units,
-               "model": embedder.name, **built, "recall": []}
+               "model": embedder.name, "threads": args.threads, **built, "recall": []}
     for mode in ("hybrid", "keyword", "vector"):
         row = measure(location, embedder, questions, mode)
         results["recall"].append(row)

@@ -8,8 +8,8 @@ the dimension, and refuses vectors of another name (vectors of different models 
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
 import threading
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 

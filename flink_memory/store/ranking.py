@@ -67,27 +67,40 @@ def idf(rows: int, holding: int) -> float:
     return math.log(1 + (rows - holding + 0.5) / (holding + 0.5))
 
 
-def keyword_scores(terms: Sequence[str], texts: Sequence[str], rows: int) -> list[float]:
-    """BM25 of each text for the question terms (already query_terms'd); `rows` is the agent's row count."""
-    stems = list(dict.fromkeys(stem(t) for t in terms))
-    if not texts or not stems:
+class TermCounts:
+    """How often each question stem is in a text, and the text's length in words, counted once per text: a
+    recall counts its keyword candidates while the question is being embedded, the rows found by vector after."""
+
+    def __init__(self, terms: Sequence[str]) -> None:
+        self.stems = list(dict.fromkeys(stem(t) for t in terms))
+        self._place = {term: i for i, term in enumerate(self.stems)}
+        self._starts = tuple(term[:-1] for term in self.stems)  # what a word stemming to a term starts with
+        self._counted: dict[str, tuple[list[int], int]] = {}
+
+    def of(self, text: str) -> tuple[list[int], int]:
+        counted = self._counted.get(text)
+        if counted is None:
+            found = _WORD.findall(text.lower())
+            tf = [0] * len(self.stems)
+            for word in found:  # (only a word starting like a term is stemmed)
+                if word.startswith(self._starts) and (i := self._place.get(stem(word))) is not None:
+                    tf[i] += 1
+            counted = self._counted[text] = (tf, len(found))
+        return counted
+
+
+def keyword_scores(terms: Sequence[str], texts: Sequence[str], rows: int,
+                   counts: TermCounts | None = None) -> list[float]:
+    """BM25 of each text for the question terms (already query_terms'd); `rows` is the agent's row count;
+    `counts`: the terms' TermCounts, when some texts are counted already."""
+    counts = counts or TermCounts(terms)
+    if not texts or not counts.stems:
         return [0.0] * len(texts)
-    place = {term: i for i, term in enumerate(stems)}
-    starts = tuple(term[:-1] for term in stems)  # what a word stemmed to a term starts with: others are not stemmed
-    counts: list[list[int]] = []
-    lengths: list[int] = []
-    for text in texts:
-        found = _WORD.findall(text.lower())
-        tf = [0] * len(stems)
-        for word in found:
-            if word.startswith(starts) and (i := place.get(stem(word))) is not None:
-                tf[i] += 1
-        counts.append(tf)
-        lengths.append(len(found))
-    average = sum(lengths) / len(lengths) or 1.0
-    weights = [idf(max(rows, len(texts)), sum(1 for tf in counts if tf[i])) for i in range(len(stems))]
+    counted = [counts.of(text) for text in texts]
+    average = sum(length for _, length in counted) / len(counted) or 1.0
+    weights = [idf(max(rows, len(texts)), sum(1 for tf, _ in counted if tf[i])) for i in range(len(counts.stems))]
     scores = []
-    for tf, length in zip(counts, lengths):
+    for tf, length in counted:
         score = 0.0
         for weight, n in zip(weights, tf):
             if n:
@@ -128,11 +141,12 @@ def _ranks(values: list[float | None]) -> list[int | None]:
 
 def rank(terms: Sequence[str], candidates: Sequence[Candidate], rows: int, k: int,
          mode: Literal["hybrid", "keyword", "vector"] = "hybrid", fusion: Fusion = "weighted",
-         keyword_weight: float = KEYWORD_WEIGHT) -> list[tuple[Candidate, float]]:
+         keyword_weight: float = KEYWORD_WEIGHT, counts: TermCounts | None = None) -> list[tuple[Candidate, float]]:
     """The k best candidates with their scores (higher is better), best first; candidates that match in
-    neither way (no shared term, no vector) are left out."""
+    neither way (no shared term, no vector) are left out. `counts`: as keyword_scores."""
     unique = list({c.key: c for c in candidates}.values())
-    keyword = keyword_scores(terms, [c.text for c in unique], rows) if mode != "vector" else [0.0] * len(unique)
+    keyword = (keyword_scores(terms, [c.text for c in unique], rows, counts) if mode != "vector"
+               else [0.0] * len(unique))
     vector = [c.cosine for c in unique] if mode != "keyword" else [None] * len(unique)
     if mode == "keyword":
         fused = keyword

@@ -40,7 +40,7 @@ from flink_memory.store.core import (
     query_terms,
     specificity_steps,
 )
-from flink_memory.store.ranking import Candidate, Fusion, rank
+from flink_memory.store.ranking import Candidate, Fusion, TermCounts, rank
 from flink_memory.store.vectors import VectorCache
 from flink_memory.store.vectors import cosines as nearest_cosines
 
@@ -342,26 +342,25 @@ class MemoryStore(ABC):
             raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
         embedder = self.embedder if mode != "keyword" and self._check_model(self.embedder, record=False) else None
         question = embedder.query_meanwhile(query) if embedder else None  # embedded while the store searches
+        counts = TermCounts(terms)
         try:
             rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
+            for row in rows.values() if question is not None else ():
+                counts.of(row[4])  # (while the question is embedded)
         finally:
             vector = question() if question is not None else None
-        cosines: dict[str, float] = {}
-        if vector is not None:
-            cosines = self._cosines(agent_id, vector, rows)
-            nearest = sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES]
-            missing = [key for key in nearest if key not in rows]
-            if missing:
-                marks = ", ".join("?" for _ in missing)
-                sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks})"
-                rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
+        cosines = self._cosines(agent_id, vector, rows) if vector is not None else {}
+        missing = [key for key in sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES] if key not in rows]
+        if missing:
+            sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
+            rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
         if not rows:
             return []
         self._vector_cache = self._vector_cache or VectorCache()
         total = self._vector_cache.rows(agent_id, self._generation(agent_id),
                                         lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
-        return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion)]
+        return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion, counts=counts)]
 
     def _cosines(self, agent_id: str, question: Any, also: Iterable[str]) -> dict[str, float]:
         """Cosines of the agent's nearest embedded rows and of the rows `also` names: an exact search over
