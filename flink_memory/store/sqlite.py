@@ -157,13 +157,13 @@ class SqliteStore(MemoryStore):
 
     def _candidates(self, token: str, terms: list[str], limit: int) -> list[int]:
         """Row ids of the agent's rows holding any of `terms`: all of them when there are at most `limit`,
-        else `limit` of them without ranking every match (FTS5's bm25 reads every matching row and, for its
-        weights, the whole index's rows of each term: tens of milliseconds for a word in most of the rows).
+        else `limit` of them chosen without ranking every match (FTS5's bm25 reads each matching row and, for
+        its weights, every row of the index holding each term: tens of milliseconds for a common word).
 
-        Each term's rows are counted up to `limit`: the rows holding a rarer term (at most `limit` rows)
-        come first, those holding more of the question's terms before those holding fewer, then those
-        holding rarer ones; if they are fewer than `limit`, rows holding every common term, then any, newest
-        first, fill up. The ranking (flink_memory.store.ranking) scores whatever is found."""
+        The terms held by at most `limit` of the agent's rows are its rare ones: their rows come first, those
+        holding more of the question's terms (rare or common) before those holding fewer, then those holding
+        rarer ones, then the newest. Up to `limit`, rows holding every common term, then any common term,
+        newest first, follow. flink_memory.store.ranking scores whatever is found."""
         def ids(expression: str, tail: str = "") -> list[int]:
             match = f'agent : "{token}" AND text : ({expression})'
             return [row[0] for row in self._db.execute(f"SELECT rowid FROM {FTS} WHERE {FTS} MATCH ?{tail}", (match,))]
@@ -171,36 +171,36 @@ class SqliteStore(MemoryStore):
         found = ids(fts5_query(terms), f" LIMIT {limit + 1}")
         if len(found) <= limit:
             return found
-        holding: dict[str, set[int]] = {}
+        holding: dict[str, set[int]] = {}  # term -> the rows of the rare terms that hold it
+        weight: dict[str, float] = {}  # the rarer, the heavier
         common: list[str] = []
         for term in terms:
             rows = ids(fts5_query([term]), f" LIMIT {limit + 1}")
             if len(rows) > limit:
                 common.append(term)
             elif rows:
-                holding[term] = set(rows)
-        weight = {term: math.log1p(limit / len(rows)) for term, rows in holding.items()}
+                holding[term], weight[term] = set(rows), math.log1p(limit / len(rows))
         if holding:
             rare = fts5_query(list(holding))
-            for term in common:  # which of the rarer terms' rows hold a common one too
+            for term in common:
                 holding[term] = set(ids(f"{fts5_query([term])} AND ({rare})"))
                 weight[term] = math.log1p(limit / (limit + 1))
         held: dict[int, int] = {}
-        weights: dict[int, float] = {}
+        rarity: dict[int, float] = {}
         for term, rows in holding.items():
             for rowid in rows:
                 held[rowid] = held.get(rowid, 0) + 1
-                weights[rowid] = weights.get(rowid, 0.0) + weight[term]
-        chosen = sorted(held, key=lambda rowid: (-held[rowid], -weights[rowid], -rowid))[:limit]
-        fills = ([" AND ".join(fts5_query([term]) for term in common)] if len(common) > 1 else []) + [fts5_query(common)]
+                rarity[rowid] = rarity.get(rowid, 0.0) + weight[term]
+        chosen = sorted(held, key=lambda rowid: (-held[rowid], -rarity[rowid], -rowid))[:limit]
         taken = set(chosen)
-        for expression in fills if common else []:
-            if len(chosen) >= limit:
-                break
+        every = [" AND ".join(fts5_query([term]) for term in common)] if len(common) > 1 else []
+        for expression in every + [fts5_query(common)] if common and len(chosen) < limit else []:
             for rowid in ids(expression, f" ORDER BY rowid DESC LIMIT {limit}"):
-                if rowid not in taken and len(chosen) < limit:
+                if rowid not in taken:
                     chosen.append(rowid)
                     taken.add(rowid)
+                    if len(chosen) == limit:
+                        return chosen
         return chosen
 
     def close(self) -> None:
