@@ -61,13 +61,7 @@ class Embedder(ABC):
         missing = list(dict.fromkeys(t for t, key in zip(texts, keys) if key not in self._cache))
         for start in range(0, len(missing), self.batch_size):
             batch = missing[start:start + self.batch_size]
-            vectors = normalized(self._embed(batch, query))
-            if vectors.shape != (len(batch), self.dim):
-                raise EmbeddingError(f"{self.name}: expected {len(batch)} vectors of {self.dim} dimensions, got "
-                                     f"{vectors.shape}")
-            self.embedded += len(batch)
-            for text, vector in zip(batch, vectors):
-                self._cache[digest_parts(("q" if query else "p", text))] = vector
+            self._remember(batch, self._embed(batch, query), query)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for i, key in enumerate(keys):
             out[i] = self._cache[key]
@@ -75,6 +69,16 @@ class Embedder(ABC):
         while len(self._cache) > self._cache_size:
             self._cache.popitem(last=False)
         return out
+
+    def _remember(self, batch: list[str], embedded: np.ndarray, query: bool) -> None:
+        """Check, normalize and cache what `_embed` returned for `batch`."""
+        vectors = normalized(embedded)
+        if vectors.shape != (len(batch), self.dim):
+            raise EmbeddingError(f"{self.name}: expected {len(batch)} vectors of {self.dim} dimensions, got "
+                                 f"{vectors.shape}")
+        self.embedded += len(batch)
+        for text, vector in zip(batch, vectors):
+            self._cache[digest_parts(("q" if query else "p", text))] = vector
 
     def passages(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of stored texts (memory units, summaries): (len(texts), dim)."""
@@ -85,26 +89,33 @@ class Embedder(ABC):
         return self._vectors([text], query=True)[0]
 
     def query_meanwhile(self, text: str) -> Callable[[], np.ndarray]:
-        """`query(text)` computed in a thread while the caller goes on (a model's engine and an HTTP request
-        release the GIL): calling the result waits for the vector (or raises what `query` raised). A caller
-        calls it before it returns, also on errors, so the embedder is never used by two of its calls."""
+        """`query(text)` computed while the caller goes on: the model runs in a thread (a model's engine and
+        an HTTP request release the GIL), which this returns once it is about to call the model. Calling the
+        result waits for the vector (or raises what the model raised). A caller calls it before it returns,
+        also on errors, so that the embedder is never used by two of its calls at once."""
+        if digest_parts(("q", text)) in self._cache:
+            return lambda: self.query(text)
         done: list[np.ndarray] = []
         failed: list[BaseException] = []
+        calling = threading.Event()
 
-        def run() -> None:
+        def run() -> None:  # the model only: any other Python step could wait for the GIL for milliseconds
+            calling.set()
             try:
-                done.append(self.query(text))
+                done.append(self._embed([text], True))
             except BaseException as exc:  # re-raised in the caller's thread
                 failed.append(exc)
 
         thread = threading.Thread(target=run, name="embed-question", daemon=True)
         thread.start()
+        calling.wait()
 
         def result() -> np.ndarray:
             thread.join()
             if failed:
                 raise failed[0]
-            return done[0]
+            self._remember([text], done[0], True)
+            return self.query(text)
 
         return result
 
