@@ -10,8 +10,9 @@ million texts with the offline model is not possible here (about 30 passages/s p
 search does not depend on what the vectors hold. Then `--queries` distinct questions (three words of one of
 the agent's units) are recalled in each mode (hybrid, keyword, vector) with the real embedding model, each
 mode embedding its questions anew (the embedder's cache is cleared), so each timing of a mode by meaning
-includes embedding the question; p50/p99 are printed per mode, and the embedding alone. The first recall
-(which loads the agent's vectors) is reported on its own.
+includes embedding the question. Printed per mode: p50/p99 and the share of questions whose unit (the one
+its words were drawn from) is in the top 5; then the embedding's own p50/p99. The first recall (which loads
+the agent's vectors) is reported on its own.
 
 `--reuse PATH` measures a store this benchmark built before (read only, no build): the questions come from
 the same rows a build samples (every 100th of agent-0's units), so a reused store gets the same questions.
@@ -93,40 +94,48 @@ def build(location: str, args: argparse.Namespace, dim: int, model: str) -> tupl
             "rows_per_s": rows / (write_s + vector_s), "build_s": write_s + vector_s}, sample
 
 
-def reused_sample(location: str, agent_units: int, chunk: int) -> list[str]:
-    """The texts `build` samples, read back from a store it built: every 100th of agent-0's units (by number)."""
-    keys = [f"unit:u{start + i}" for start in range(0, agent_units, chunk)
+def sample_keys(agent_units: int, chunk: int) -> list[str]:
+    """The unit ids of the texts `build` samples, in its order: every 100th of agent-0's units (by number)."""
+    return [f"u{start + i}" for start in range(0, agent_units, chunk)
             for i in range(0, min(chunk, agent_units - start), max(1, min(chunk, agent_units - start) // 50))]
+
+
+def reused_sample(location: str, agent_units: int, chunk: int) -> list[str]:
+    """The texts `build` samples, read back from a store it built."""
     with open_store(location) as store:
         found = dict(store._fetch(f"SELECT node_id, text FROM {NODES} WHERE agent_id = 'agent-0'", ()))
+    keys = [f"unit:{key}" for key in sample_keys(agent_units, chunk)]
     missing = [key for key in keys if key not in found]
     if missing:
         raise SystemExit(f"{location} is not a store of --agent-units {agent_units}: no {missing[0]} of agent-0")
     return [found[key] for key in keys]
 
 
-def measure(location: str, embedder: Any, questions: list[str], mode: str) -> dict[str, Any]:
+def measure(location: str, embedder: Any, questions: list[tuple[str, str]], mode: str) -> dict[str, Any]:
+    """Latency of recall in one mode, and how often the top 5 holds the unit a question was made from."""
     embedder._cache.clear()  # every mode embeds its questions (the cache would serve the modes after the first)
     with open_store(location, embedder=embedder) as store:
         started = time.perf_counter()
         store.recall("agent-0", "warm up the first question", k=5, mode=mode)
         first_ms = 1000 * (time.perf_counter() - started)
-        times = []
-        for question in questions:
+        times, found = [], 0
+        for source, question in questions:
             started = time.perf_counter()
             hits = store.recall("agent-0", question, k=5, mode=mode)
             times.append(1000 * (time.perf_counter() - started))
             assert hits, question
+            found += source in {hit.node_id for hit in hits}
     times.sort()
     return {"mode": mode, "queries": len(times), "first_ms": first_ms, "p50_ms": statistics.median(times),
-            "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "mean_ms": statistics.fmean(times)}
+            "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "mean_ms": statistics.fmean(times),
+            "source_at_5": found / len(questions)}
 
 
-def measure_embedding(embedder: Any, questions: list[str]) -> dict[str, Any]:
+def measure_embedding(embedder: Any, questions: list[tuple[str, str]]) -> dict[str, Any]:
     """The part of a recall by meaning that no store can speed up: embedding the question."""
     embedder._cache.clear()
     times = []
-    for question in questions:
+    for _, question in questions:
         started = time.perf_counter()
         embedder.query(question)
         times.append(1000 * (time.perf_counter() - started))
@@ -163,17 +172,19 @@ def main(argv: list[str] | None = None) -> int:
               f"({built['rows_per_s_text']:.0f} rows/s text and index, {built['rows_per_s_vectors']:.0f} rows/s "
               "vectors)", flush=True)
     rng = random.Random(11)
-    questions = []
-    for text in rng.sample(sample, min(args.queries, len(sample))):
+    questions = []  # (the unit it was made from, question)
+    sources = list(zip(sample_keys(args.agent_units, args.chunk), sample))
+    for key, text in rng.sample(sources, min(args.queries, len(sources))):
         words = text.rstrip(".").split()
-        questions.append("What about " + " ".join(rng.sample(words, 3)) + "?")
+        questions.append((key, "What about " + " ".join(rng.sample(words, 3)) + "?"))
     results = {"store": "postgresql" if "://" in location else "sqlite", "agent_units": args.agent_units,
                "model": embedder.name, "threads": args.threads, **built, "recall": []}
     for mode in ("hybrid", "keyword", "vector"):
         row = measure(location, embedder, questions, mode)
         results["recall"].append(row)
         print(f"{mode:8s} p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  mean {row['mean_ms']:.1f} ms  "
-              f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions)", flush=True)
+              f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions; the top 5 holds the question's "
+              f"unit for {row['source_at_5']:.3f})", flush=True)
     results["embedding"] = embedding = measure_embedding(embedder, questions)
     print(f"the questions' embedding alone: p50 {embedding['p50_ms']:.1f} ms  p99 {embedding['p99_ms']:.1f} ms",
           flush=True)
