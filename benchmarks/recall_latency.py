@@ -165,6 +165,9 @@ def questions(sample: list[str], n: int, seed: int = 11) -> list[str]:
 
 
 def measure(location: str, embedder: Any, questions: list[str], mode: str) -> dict[str, Any]:
+    """Latency of recall in one mode; every mode embeds its questions anew (the embedder's cache would serve
+    the modes after the first, leaving the question's embedding out of their timings)."""
+    embedder._cache.clear()
     with open_store(location, embedder=embedder) as store:
         started = time.perf_counter()
         store.recall("agent-0", "warm up the first question", k=5, mode=mode)

@@ -1,11 +1,12 @@
 """SQLite's full-text search per agent: the agent's token and the question's terms in one MATCH, ids that
-the stemmer or the tokenizer could confuse kept apart, and a store indexed by text only read as before and
-migrated by the next writer."""
+the stemmer or the tokenizer could confuse kept apart, a store indexed by text only read as before and
+migrated by the next writer, and which rows a match of more than the candidate limit keeps."""
 
 import sqlite3
 
 from flink_memory.records import MemoryUnit
 from flink_memory.store import open_store
+from flink_memory.store.core import query_terms
 from flink_memory.store.sql import FTS, NODES
 from flink_memory.store.sqlite import FTS_CONTENT, agent_token
 
@@ -96,3 +97,26 @@ def test_a_text_only_index_is_read_as_before_and_migrated_by_a_writer(tmp_path):
         assert migrated._per_agent
         assert recalled(migrated) == expected
         assert migrated._fetch(f"INSERT INTO {FTS} ({FTS}) VALUES ('integrity-check')", ()) == []
+
+
+def test_a_match_over_the_limit_keeps_the_rows_holding_rarer_and_more_terms_then_the_newest(tmp_path):
+    with open_store(str(tmp_path / "m.sqlite"), create=True) as store:
+        store.upsert_units([unit("a", f"c{i}", f"common filler {i}") for i in range(20)])
+        store.upsert_units([unit("a", f"o{i}", f"extra filler {i}") for i in range(10)])
+        store.upsert_units([unit("a", "r1", "rare common extra"), unit("a", "r2", "rare alone"),
+                            unit("a", "s1", "scarce common")])
+        store.upsert_units([unit("a", f"co{i}", f"common extra {i}") for i in range(4)])
+        store.upsert_units([unit("b", f"x{i}", "rare scarce common extra") for i in range(10)])  # another agent
+
+        def keys(question, limit):
+            return [row[0].removeprefix("unit:") for row in store._matching("a", query_terms(question), limit)]
+
+        assert sorted(keys("rare scarce", 5)) == ["r1", "r2", "s1"]  # at most `limit`: every match
+        # rare (2 rows) and scarce (1 row) are under the limit, common (26) and extra (15) over it: the rows
+        # of the rarer terms by how many terms they hold (r1 3, s1 2, r2 1), then rows holding both common
+        # terms, newest first (r1 is taken already)
+        assert keys("rare scarce common extra", 5) == ["r1", "s1", "r2", "co3", "co2"]
+        assert keys("rare scarce", 2) == ["s1", "r2"]  # as many terms: the rarer term's rows, then the newest
+        # only common terms: those holding all of them first, then any, newest first
+        assert keys("common extra", 6) == ["co3", "co2", "co1", "co0", "r1", "s1"]
+        assert keys("common", 3) == ["co3", "co2", "co1"]

@@ -11,7 +11,7 @@ from __future__ import annotations
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -66,15 +66,7 @@ class Embedder(ABC):
         missing = list(dict.fromkeys(t for t, key in zip(texts, keys) if key not in found))
         for start in range(0, len(missing), self.batch_size):
             batch = missing[start:start + self.batch_size]
-            vectors = normalized(self._embed(batch, query))  # (outside the lock: callers embed at once)
-            if vectors.shape != (len(batch), self.dim):
-                raise EmbeddingError(f"{self.name}: expected {len(batch)} vectors of {self.dim} dimensions, got "
-                                     f"{vectors.shape}")
-            made = {digest_parts((kind, text)): vector for text, vector in zip(batch, vectors)}
-            found.update(made)
-            with self._lock:
-                self.embedded += len(batch)
-                self._cache.update(made)
+            found.update(self._remember(batch, self._embed(batch, query), query))  # (the model outside the lock)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for i, key in enumerate(keys):
             out[i] = found[key]
@@ -86,6 +78,18 @@ class Embedder(ABC):
                 self._cache.popitem(last=False)
         return out
 
+    def _remember(self, batch: list[str], embedded: np.ndarray, query: bool) -> dict[str, np.ndarray]:
+        """Check, normalize and cache what `_embed` returned for `batch`; the vectors by cache key."""
+        vectors = normalized(embedded)
+        if vectors.shape != (len(batch), self.dim):
+            raise EmbeddingError(f"{self.name}: expected {len(batch)} vectors of {self.dim} dimensions, got "
+                                 f"{vectors.shape}")
+        made = {digest_parts(("q" if query else "p", text)): vector for text, vector in zip(batch, vectors)}
+        with self._lock:
+            self.embedded += len(batch)
+            self._cache.update(made)
+        return made
+
     def passages(self, texts: Sequence[str]) -> np.ndarray:
         """Vectors of stored texts (memory units, summaries): (len(texts), dim)."""
         return self._vectors(texts, query=False)
@@ -93,6 +97,37 @@ class Embedder(ABC):
     def query(self, text: str) -> np.ndarray:
         """The vector of a question: (dim,)."""
         return self._vectors([text], query=True)[0]
+
+    def query_meanwhile(self, text: str) -> Callable[[], np.ndarray]:
+        """`query(text)` computed while the caller goes on: the model runs in a thread (a model's engine and
+        an HTTP request release the GIL), which this returns once it is about to call the model. Calling the
+        result waits for the vector (or raises what the model raised). A caller calls it before it returns,
+        also on errors, so that the embedder is never used by two of its calls at once."""
+        if digest_parts(("q", text)) in self._cache:
+            return lambda: self.query(text)
+        done: list[np.ndarray] = []
+        failed: list[BaseException] = []
+        calling = threading.Event()
+
+        def run() -> None:  # the model only: any other Python step could wait for the GIL for milliseconds
+            calling.set()
+            try:
+                done.append(self._embed([text], True))
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=run, name="embed-question", daemon=True)
+        thread.start()
+        calling.wait()
+
+        def result() -> np.ndarray:
+            thread.join()
+            if failed:
+                raise failed[0]
+            self._remember([text], done[0], True)
+            return self.query(text)
+
+        return result
 
 
 def embedder_for(config: EmbeddingsConfig) -> Embedder | None:

@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
-from flink_memory.records import SummaryNode
+from flink_memory.records import MemoryUnit, SummaryNode
 
 SPECIFICITY = 0.8
 MAX_TERMS = 32
@@ -80,6 +80,15 @@ def as_node(value: SummaryNode | dict[str, Any] | str | bytes) -> SummaryNode:
     if isinstance(value, (str, bytes)):
         return SummaryNode.model_validate_json(value)
     return SummaryNode.model_validate(value)
+
+
+def as_unit(value: MemoryUnit | dict[str, Any] | str | bytes) -> MemoryUnit:
+    """A memory unit from the model, its dict, or its JSON."""
+    if isinstance(value, MemoryUnit):
+        return value
+    if isinstance(value, (str, bytes)):
+        return MemoryUnit.model_validate_json(value)
+    return MemoryUnit.model_validate(value)
 
 
 def query_terms(question: str) -> list[str]:

@@ -20,9 +20,9 @@ from __future__ import annotations
 
 import math
 import re
-from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Literal
 
 from flink_memory.store.core import SPECIFICITY
@@ -35,6 +35,7 @@ Fusion = Literal["weighted", "rrf"]
 _WORD = re.compile(r"[^\W_]+")
 
 
+@lru_cache(maxsize=1 << 16)  # (a store's rows repeat their words: a lookup costs far less than stripping)
 def stem(word: str) -> str:
     """A light English suffix stripper (plurals, -ing, -ed), the same for questions and rows."""
     if len(word) <= 3 or word.isdigit():
@@ -66,23 +67,44 @@ def idf(rows: int, holding: int) -> float:
     return math.log(1 + (rows - holding + 0.5) / (holding + 0.5))
 
 
-def keyword_scores(terms: Sequence[str], texts: Sequence[str], rows: int) -> list[float]:
-    """BM25 of each text for the question terms (already query_terms'd); `rows` is the agent's row count."""
-    stems = list(dict.fromkeys(stem(t) for t in terms))
-    docs = [Counter(words(t)) for t in texts]
-    if not docs or not stems:
-        return [0.0] * len(docs)
-    lengths = [sum(d.values()) for d in docs]
-    average = sum(lengths) / len(lengths) or 1.0
-    holding = {t: sum(1 for d in docs if d[t]) for t in stems}
-    weights = {t: idf(max(rows, len(docs)), holding[t]) for t in stems}
+class TermCounts:
+    """How often each question stem is in a text, and the text's length in words, counted once per text: a
+    recall counts its keyword candidates while the question is being embedded, the rows found by vector after."""
+
+    def __init__(self, terms: Sequence[str]) -> None:
+        self.stems = list(dict.fromkeys(stem(t) for t in terms))
+        self._place = {term: i for i, term in enumerate(self.stems)}
+        self._starts = tuple(term[:-1] for term in self.stems)  # what a word stemming to a term starts with
+        self._counted: dict[str, tuple[list[int], int]] = {}
+
+    def of(self, text: str) -> tuple[list[int], int]:
+        counted = self._counted.get(text)
+        if counted is None:
+            found = _WORD.findall(text.lower())
+            tf = [0] * len(self.stems)
+            for word in found:  # (only a word starting like a term is stemmed)
+                if word.startswith(self._starts) and (i := self._place.get(stem(word))) is not None:
+                    tf[i] += 1
+            counted = self._counted[text] = (tf, len(found))
+        return counted
+
+
+def keyword_scores(terms: Sequence[str], texts: Sequence[str], rows: int,
+                   counts: TermCounts | None = None) -> list[float]:
+    """BM25 of each text for the question terms (already query_terms'd); `rows` is the agent's row count;
+    `counts`: the terms' TermCounts, when some texts are counted already."""
+    counts = counts or TermCounts(terms)
+    if not texts or not counts.stems:
+        return [0.0] * len(texts)
+    counted = [counts.of(text) for text in texts]
+    average = sum(length for _, length in counted) / len(counted) or 1.0
+    weights = [idf(max(rows, len(texts)), sum(1 for tf, _ in counted if tf[i])) for i in range(len(counts.stems))]
     scores = []
-    for doc, length in zip(docs, lengths):
+    for tf, length in counted:
         score = 0.0
-        for term in stems:
-            tf = doc[term]
-            if tf:
-                score += weights[term] * tf * (K1 + 1) / (tf + K1 * (1 - B + B * length / average))
+        for weight, n in zip(weights, tf):
+            if n:
+                score += weight * n * (K1 + 1) / (n + K1 * (1 - B + B * length / average))
         scores.append(score)
     return scores
 
@@ -119,11 +141,12 @@ def _ranks(values: list[float | None]) -> list[int | None]:
 
 def rank(terms: Sequence[str], candidates: Sequence[Candidate], rows: int, k: int,
          mode: Literal["hybrid", "keyword", "vector"] = "hybrid", fusion: Fusion = "weighted",
-         keyword_weight: float = KEYWORD_WEIGHT) -> list[tuple[Candidate, float]]:
+         keyword_weight: float = KEYWORD_WEIGHT, counts: TermCounts | None = None) -> list[tuple[Candidate, float]]:
     """The k best candidates with their scores (higher is better), best first; candidates that match in
-    neither way (no shared term, no vector) are left out."""
+    neither way (no shared term, no vector) are left out. `counts`: as keyword_scores."""
     unique = list({c.key: c for c in candidates}.values())
-    keyword = keyword_scores(terms, [c.text for c in unique], rows) if mode != "vector" else [0.0] * len(unique)
+    keyword = (keyword_scores(terms, [c.text for c in unique], rows, counts) if mode != "vector"
+               else [0.0] * len(unique))
     vector = [c.cosine for c in unique] if mode != "keyword" else [None] * len(unique)
     if mode == "keyword":
         fused = keyword

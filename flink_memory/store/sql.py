@@ -5,8 +5,7 @@ Two tables and a full-text index: `flink_memory_nodes` holds each live node (its
 `body`, the node's JSON exactly as written to summaries/) and each live memory unit (kind `unit`, keyed
 `unit:<id>`, `covered_by` its batch node), each with the digest of its text and, once embedded, its vector
 (little-endian float32; the store's meta table records the embedding model and dimension: vectors of one
-model only). `flink_memory_replaced` holds every (agent, node id)
-that a written node lists in `replaces`. A write records the replacements first, deletes the nodes they
+model only). `flink_memory_replaced` holds every (agent, node id) that a written node lists in `replaces`. A write records the replacements first, deletes the nodes they
 name, then upserts each node that is not replaced, in one transaction per call (PostgreSQL takes an
 advisory lock per agent for it, SQLite's write lock covers the file). A node is live while it is in the
 nodes table: whatever the arrival order, a replaced node is never stored again, and a replayed node
@@ -36,10 +35,11 @@ from flink_memory.store.core import (
     UNIT_STEPS,
     Recalled,
     as_node,
+    as_unit,
     query_terms,
     specificity_steps,
 )
-from flink_memory.store.ranking import Candidate, Fusion, rank
+from flink_memory.store.ranking import Candidate, Fusion, TermCounts, rank
 from flink_memory.store.vectors import VectorCache
 from flink_memory.store.vectors import cosines as nearest_cosines
 
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
 
 Mode = Literal["hybrid", "keyword", "vector"]
-KEYWORD_CANDIDATES = 400  # rows sharing a term with the question, best by the engine's own rank
+KEYWORD_CANDIDATES = 400  # rows sharing a term with the question (MemoryStore._matching)
 VECTOR_CANDIDATES = 50  # nearest rows by cosine
 
 SCHEMA_VERSION = 1
@@ -126,14 +126,6 @@ def node_row(node: SummaryNode) -> tuple[Any, ...]:
             text_digest(node.text))
 
 
-def as_unit(value: MemoryUnit | dict[str, Any] | str | bytes) -> MemoryUnit:
-    if isinstance(value, MemoryUnit):
-        return value
-    if isinstance(value, (str, bytes)):
-        return MemoryUnit.model_validate_json(value)
-    return MemoryUnit.model_validate(value)
-
-
 def unit_row(unit: MemoryUnit) -> tuple[Any, ...]:
     return (unit.agent_id, UNIT_PREFIX + unit.unit_id, UNIT_KIND, 0, UNIT_STEPS, None, 1, unit.ts, unit.ts,
             unit.text, unit.model_dump_json(), text_digest(unit.text))
@@ -156,7 +148,7 @@ class MemoryStore(ABC):
     location: str
     embedder: Embedder | None = None
     missing_table: tuple[type[Exception], ...] = ()  # what the driver raises for a table that is not there
-    _vector_cache: VectorCache | None = None  # this reader's per-agent matrices
+    _vector_cache: VectorCache | None = None  # this reader's per-agent matrices and row counts
 
     @abstractmethod
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
@@ -167,8 +159,8 @@ class MemoryStore(ABC):
 
     @abstractmethod
     def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
-        """HIT columns of the agent's rows holding any of `terms` (full text), at most `limit`, the engine's
-        best first."""
+        """HIT columns of the agent's rows holding any of `terms` (full text): all of them when there are at
+        most `limit`, else `limit` of those likely to rank best (by the engine's own rank or cheaper)."""
 
     @abstractmethod
     def close(self) -> None: ...
@@ -205,8 +197,6 @@ class MemoryStore(ABC):
     def _meta(self, key: str) -> str | None:
         rows = self._fetch(self._sql(META_VALUE), (key,))
         return rows[0][0] if rows else None
-
-    # --- writes --------------------------------------------------------------------------------------
 
     def upsert(self, nodes: Iterable[SummaryNode | dict[str, Any] | str]) -> int:
         """Write nodes (models, dicts or summaries/ JSON lines) idempotently; returns how many were given.
@@ -302,8 +292,6 @@ class MemoryStore(ABC):
         from flink_memory.embeddings import to_bytes
         return to_bytes(vector)
 
-    # --- reads ---------------------------------------------------------------------------------------
-
     def current(self, agent_id: str) -> SummaryNode | None:
         """The agent's current memory: its live global node with the highest version."""
         found = self._bodies(CURRENT, (agent_id,))
@@ -355,26 +343,31 @@ class MemoryStore(ABC):
         mode = mode or ("hybrid" if self.embedder is not None else "keyword")
         if mode != "keyword" and self.embedder is None:
             raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
-        rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
-        cosines: dict[str, float] = {}
-        if mode != "keyword" and self.embedder is not None and self._check_model(self.embedder, record=False):
-            cosines = self._cosines(agent_id, self.embedder.query(query), rows)
-            nearest = sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES]
-            missing = [key for key in nearest if key not in rows]
-            if missing:
-                marks = ", ".join("?" for _ in missing)
-                sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks})"
-                rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
+        embedder = self.embedder if mode != "keyword" and self._check_model(self.embedder, record=False) else None
+        question = embedder.query_meanwhile(query) if embedder else None  # embedded while the store searches
+        counts = TermCounts(terms)
+        try:
+            rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
+            for row in rows.values() if question is not None else ():
+                counts.of(row[4])  # (while the question is embedded)
+        finally:
+            vector = question() if question is not None else None
+        cosines = self._cosines(agent_id, vector, rows) if vector is not None else {}
+        missing = [key for key in sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES] if key not in rows]
+        if missing:
+            sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
+            rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
         if not rows:
             return []
-        total = int(self._fetch(self._sql(ROWS_OF_AGENT), (agent_id,))[0][0])
+        self._vector_cache = self._vector_cache or VectorCache()
+        total = self._vector_cache.rows(agent_id, self._generation(agent_id),
+                                        lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
-        return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion)]
+        return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion, counts=counts)]
 
     def _cosines(self, agent_id: str, question: Any, also: Iterable[str]) -> dict[str, float]:
         """Cosines of the agent's nearest rows and of `also`: exact, on its cached matrix (store/vectors.py)."""
-        if self._vector_cache is None:
-            self._vector_cache = VectorCache()
+        self._vector_cache = self._vector_cache or VectorCache()
         vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),
                                              lambda agent: self._fetch(self._sql(VECTORS_OF_AGENT), (agent,)))
         return nearest_cosines(vectors, question, VECTOR_CANDIDATES, also)

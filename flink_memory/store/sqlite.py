@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import threading
 from typing import Any
@@ -142,13 +143,65 @@ class SqliteStore(MemoryStore):
             sql = (f"SELECT {columns} FROM {FTS} JOIN {NODES} n ON n.id = {FTS}.rowid "
                    f"WHERE {FTS} MATCH ? AND n.agent_id = ? ORDER BY bm25({FTS}) LIMIT ?")
             return self._fetch(sql, (fts5_query(terms), agent_id, limit))
-        # the agent's token and the terms in one MATCH: only the agent's rows are ranked, and only the best
-        # `limit` are read from the nodes table. bm25 weighs the text column alone (its row length counts the
-        # agent's one token too, the same for every row)
-        sql = (f"SELECT {columns} FROM (SELECT rowid, bm25({FTS}, 1.0, 0.0) AS score FROM {FTS} WHERE {FTS} MATCH ? "
-               f"ORDER BY score LIMIT ?) f JOIN {NODES} n ON n.id = f.rowid WHERE n.agent_id = ? ORDER BY f.score")
-        match = f'agent : "{agent_token(agent_id)}" AND text : ({fts5_query(terms)})'
-        return self._fetch(sql, (match, limit, agent_id))
+        with self._lock:
+            self._db.execute("BEGIN")  # one snapshot for every statement of the search
+            try:
+                ids = self._candidates(agent_token(agent_id), terms, limit)
+                marks = ", ".join("?" for _ in ids)  # (`+agent_id`: by rowid, not by a scan of the agent's index)
+                found = self._db.execute(f"SELECT id, {HIT} FROM {NODES} WHERE id IN ({marks}) AND +agent_id = ?",
+                                         (*ids, agent_id)).fetchall()
+            finally:
+                self._db.execute("COMMIT")
+        place = {rowid: i for i, rowid in enumerate(ids)}
+        return [row[1:] for row in sorted(found, key=lambda row: place[row[0]])]
+
+    def _candidates(self, token: str, terms: list[str], limit: int) -> list[int]:
+        """Row ids of the agent's rows holding any of `terms`: all of them when there are at most `limit`,
+        else `limit` of them chosen without ranking every match (FTS5's bm25 reads each matching row and, for
+        its weights, every row of the index holding each term: tens of milliseconds for a common word).
+
+        The terms held by at most `limit` of the agent's rows are its rare ones: their rows come first, those
+        holding more of the question's terms (rare or common) before those holding fewer, then those holding
+        rarer ones, then the newest. Up to `limit`, rows holding every common term, then any common term,
+        newest first, follow. flink_memory.store.ranking scores whatever is found."""
+        def ids(expression: str, tail: str = "") -> list[int]:
+            match = f'agent : "{token}" AND text : ({expression})'
+            return [row[0] for row in self._db.execute(f"SELECT rowid FROM {FTS} WHERE {FTS} MATCH ?{tail}", (match,))]
+
+        found = ids(fts5_query(terms), f" LIMIT {limit + 1}")
+        if len(found) <= limit:
+            return found
+        holding: dict[str, set[int]] = {}  # term -> the rows of the rare terms that hold it
+        weight: dict[str, float] = {}  # the rarer, the heavier
+        common: list[str] = []
+        for term in terms:
+            rows = ids(fts5_query([term]), f" LIMIT {limit + 1}")
+            if len(rows) > limit:
+                common.append(term)
+            elif rows:
+                holding[term], weight[term] = set(rows), math.log1p(limit / len(rows))
+        if holding:
+            rare = fts5_query(list(holding))
+            for term in common:
+                holding[term] = set(ids(f"{fts5_query([term])} AND ({rare})"))
+                weight[term] = math.log1p(limit / (limit + 1))
+        held: dict[int, int] = {}
+        rarity: dict[int, float] = {}
+        for term, rows in holding.items():
+            for rowid in rows:
+                held[rowid] = held.get(rowid, 0) + 1
+                rarity[rowid] = rarity.get(rowid, 0.0) + weight[term]
+        chosen = sorted(held, key=lambda rowid: (-held[rowid], -rarity[rowid], -rowid))[:limit]
+        taken = set(chosen)
+        every = [" AND ".join(fts5_query([term]) for term in common)] if len(common) > 1 else []
+        for expression in every + [fts5_query(common)] if common and len(chosen) < limit else []:
+            for rowid in ids(expression, f" ORDER BY rowid DESC LIMIT {limit}"):
+                if rowid not in taken:
+                    chosen.append(rowid)
+                    taken.add(rowid)
+                    if len(chosen) == limit:
+                        return chosen
+        return chosen
 
     def close(self) -> None:
         with self._lock:

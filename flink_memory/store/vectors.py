@@ -8,6 +8,7 @@ in the same transaction). A recall reads the generation (one indexed row) and re
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -28,11 +29,29 @@ class AgentVectors:
 
 
 class VectorCache:
-    """Per-agent matrices of one reader; `load(agent)` reads (key, vector bytes) rows from the store."""
+    """Per-agent matrices of one reader; `load(agent)` reads (key, vector bytes) rows from the store. Also
+    each agent's row count (the keyword score's N), which costs a scan of the agent's index entries."""
 
     def __init__(self, max_agents: int = MAX_AGENTS) -> None:
         self.max_agents = max_agents
         self._agents: OrderedDict[str, AgentVectors] = OrderedDict()
+        self._rows: OrderedDict[str, tuple[int, int]] = OrderedDict()
+        self._rows_lock = threading.Lock()  # (keyword recalls of a store may run in many threads at once)
+
+    def rows(self, agent_id: str, generation: int | None, count: Callable[[str], int]) -> int:
+        """The agent's row count, counted again only when its generation moved."""
+        with self._rows_lock:
+            cached = self._rows.get(agent_id)
+            if cached is not None and generation is not None and cached[0] == generation:
+                self._rows.move_to_end(agent_id)
+                return cached[1]
+        counted = count(agent_id)
+        if generation is not None:
+            with self._rows_lock:
+                self._rows[agent_id] = (generation, counted)
+                while len(self._rows) > self.max_agents:
+                    self._rows.popitem(last=False)
+        return counted
 
     def vectors(self, agent_id: str, generation: int | None,
                 load: Callable[[str], list[tuple[str, bytes]]]) -> AgentVectors:
