@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         results["recall"].append(row)
         print(f"{mode:8s} p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  mean {row['mean_ms']:.1f} ms  "
               f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions)", flush=True)
-    results["vector_top5_agreement"] = agreement(location, embedder, questions, keys, matrix)
+    results["vector_top5_agreement"] = agreement(location, embedder, asked, keys, matrix)
     print(f"vector recall returns {results['vector_top5_agreement']:.3f} of the exact top 5", flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))

@@ -343,8 +343,8 @@ class MemoryStore(ABC):
         mode = mode or ("hybrid" if self.embedder is not None else "keyword")
         if mode != "keyword" and self.embedder is None:
             raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
-        embedder = self.embedder if mode != "keyword" and self._check_model(self.embedder, record=False) else None
-        question = embedder.query_meanwhile(query) if embedder else None  # embedded while the store searches
+        embedder = self.embedder if mode != "keyword" else None  # (the question embedded while the store searches:)
+        question = embedder.query_meanwhile(query) if embedder and self._check_model(embedder, record=False) else None
         counts = TermCounts(terms)
         try:
             rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
