@@ -283,8 +283,8 @@ def prepared_store(args: argparse.Namespace, workdir: Path) -> tuple[str, list[s
         location = start_postgres(workdir / "pg")
         database_pid = postgres_pid(location)
     plan = argparse.Namespace(rows=args.rows, agent_units=args.agent_units, others=args.others,
-                              vocabulary=20_000, chunk=5000)
-    built, sample = build(location, plan, embedder.dim, embedder.name)
+                              vocabulary=20_000, chunk=5000, vectors="random", bulk=False, existing=False)
+    built, sample, _, _ = build(location, plan, embedder)
     print(f"built {built['rows']} rows in {built['build_s']:.0f} s", file=sys.stderr, flush=True)
     return location, sample, database_pid
 
