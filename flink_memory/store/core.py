@@ -18,11 +18,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, SerializationInfo, SerializerFunctionWrapHandler, model_serializer
 
 from flink_memory.records import MemoryUnit, SummaryNode
+
+M = TypeVar("M", bound=BaseModel)
 
 SPECIFICITY = 0.8
 MAX_TERMS = 32
@@ -73,22 +75,23 @@ class Recalled(BaseModel):
         return cls(**fields, score=float(f"{score:.6g}"))
 
 
-def as_node(value: SummaryNode | dict[str, Any] | str | bytes) -> SummaryNode:
-    """A node from the model, its dict, or its JSON line (as in summaries/)."""
-    if isinstance(value, SummaryNode):
+def _parsed(model: type[M], value: M | dict[str, Any] | str | bytes) -> M:
+    """A model from itself, its dict, or its JSON."""
+    if isinstance(value, model):
         return value
     if isinstance(value, (str, bytes)):
-        return SummaryNode.model_validate_json(value)
-    return SummaryNode.model_validate(value)
+        return model.model_validate_json(value)
+    return model.model_validate(value)
+
+
+def as_node(value: SummaryNode | dict[str, Any] | str | bytes) -> SummaryNode:
+    """A node from the model, its dict, or its JSON line (as in summaries/)."""
+    return _parsed(SummaryNode, value)
 
 
 def as_unit(value: MemoryUnit | dict[str, Any] | str | bytes) -> MemoryUnit:
     """A memory unit from the model, its dict, or its JSON."""
-    if isinstance(value, MemoryUnit):
-        return value
-    if isinstance(value, (str, bytes)):
-        return MemoryUnit.model_validate_json(value)
-    return MemoryUnit.model_validate(value)
+    return _parsed(MemoryUnit, value)
 
 
 def query_terms(question: str) -> list[str]:
