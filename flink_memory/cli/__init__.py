@@ -10,7 +10,7 @@ import sys
 
 from flink_memory.cli.args import add_job_arguments, positive, show_config
 from flink_memory.cli.read import embed_rows, read_memory
-from flink_memory.cli.run import run_job, serve_llm
+from flink_memory.cli.run import apply_log, run_job, serve_llm
 from flink_memory.cli.serve import add_commands as add_service_commands
 from flink_memory.config import ConfigError
 
@@ -66,6 +66,16 @@ def main(argv: list[str] | None = None) -> int:
     embed.add_argument("--config", help="for the embeddings.* settings")
     embed.add_argument("--set", dest="overrides", action="append", default=[])
     embed.set_defaults(handler=embed_rows)
+    apply = commands.add_parser("apply", help="write the store from the memory log a job committed (what a run "
+                                "does on a thread; on a cluster, run it beside the job with --follow)")
+    apply.add_argument("--output", required=True, help="the job's output directory (its memory/ folder)")
+    apply.add_argument("--store", help="SQLite file or postgresql:// URL (default: store.url, else "
+                       "<output>/memory.sqlite)")
+    apply.add_argument("--follow", action="store_true", help="keep applying new commits until stopped")
+    apply.add_argument("--every", type=float, default=0.25, metavar="SECONDS", help="how often to look (--follow)")
+    apply.add_argument("--config", help="for the store.* and embeddings.* settings")
+    apply.add_argument("--set", dest="overrides", action="append", default=[])
+    apply.set_defaults(handler=apply_log)
     add_service_commands(commands)
     show = commands.add_parser("config", help="print the effective configuration and its fingerprints")
     show.add_argument("--config")

@@ -66,6 +66,37 @@ def _wait_or_cancel(client: Any, poll_s: float = 0.2) -> bool:
             signal.signal(s, handler)
 
 
+class Applier:
+    """The store applier on a thread beside a local job (flink_memory.store.applier): the store follows what
+    the job commits, and `stop` applies the last commits once the job has ended."""
+
+    def __init__(self, store_url: str, output: str, config: Any) -> None:
+        from flink_memory.embeddings import embedder_for
+        from flink_memory.store import open_store
+        from flink_memory.store.applier import LOG_DIR, LogApplier
+
+        embedder = embedder_for(config.embeddings) if config.embeddings.provider != "none" else None
+        self.store = open_store(store_url, create=True, embedder=embedder)
+        self.applier = LogApplier(self.store, Path(output) / LOG_DIR)
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._follow, name="flink-memory-applier", daemon=True)
+        self._thread.start()
+
+    def _follow(self) -> None:
+        try:
+            self.applier.follow(self._stop)
+        except BaseException as exc:  # noqa: BLE001 - reported by stop(), after the job
+            self.error = exc
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.store.close()
+        if self.error is not None:
+            raise self.error
+
+
 def run_job(args: argparse.Namespace) -> int:
     """`run`: the job on a local MiniCluster until its input ends (or for ever with --follow), then the report."""
     from flink_memory.flink.pipeline import build_job
@@ -97,15 +128,18 @@ def run_job(args: argparse.Namespace) -> int:
     print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
     progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input),
                             concurrency=config.llm.max_concurrency, every_s=args.progress_every).start()
+    store = config.store.location(args.output)
+    applier = Applier(store, args.output, config) if store else None
     try:
         stopped = _wait_or_cancel(client)
     finally:
         progress.stop()
+        if applier is not None:
+            applier.stop()
     if stopped:
         print("[flink-memory] stopped: the job was cancelled (restore its last checkpoint with --restore)",
               file=sys.stderr)
     print(report(args.output, time.monotonic() - started))
-    store = config.store.location(args.output)
     if store:
         print(f"  live memory             : {store} (read it: flink-memory show|recall AGENT --store {store})")
         if config.embeddings.provider != "none":
@@ -113,6 +147,31 @@ def run_job(args: argparse.Namespace) -> int:
         agent = featured_agent(read_outputs(args.output)["summaries"]) if args.ask else None
         if agent is not None:
             print("\n".join(ask(store, agent, args.ask, config.embeddings)))
+    return 0
+
+
+def apply_log(args: argparse.Namespace) -> int:
+    """`apply`: write the store from the memory log a job committed under --output (once, or --follow)."""
+    from flink_memory.embeddings import embedder_for
+    from flink_memory.store import open_store
+    from flink_memory.store.applier import LOG_DIR, LogApplier
+
+    config = load_config(args.config, args.overrides)
+    url = args.store or config.store.location(args.output)
+    if url is None:
+        print("flink-memory: the store is off (store.enabled: false)", file=sys.stderr)
+        return 2
+    embedder = embedder_for(config.embeddings) if config.embeddings.provider != "none" else None
+    with open_store(url, create=True, embedder=embedder) as store:
+        applier = LogApplier(store, Path(args.output) / LOG_DIR)
+        if not args.follow:
+            print(f"applied {applier.poll()} log entries to {store.location}")
+            return 0
+        stop = threading.Event()
+        for s in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(s, lambda *_: stop.set())
+        print(f"[flink-memory] applying {applier.log_dir} to {store.location} until stopped", file=sys.stderr)
+        applier.follow(stop, args.every)
     return 0
 
 

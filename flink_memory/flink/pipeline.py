@@ -32,6 +32,7 @@ from flink_memory.flink.operators import (
     DEAD_LETTERS,
     KEYED,
     MANIFESTS,
+    MEMORY_LOG,
     STORE_ROWS,
     ParseRecords,
     StageFunction,
@@ -56,9 +57,10 @@ UIDS = {
     "sink_summaries": "flink-memory-sink-summaries",
     "sink_manifests": "flink-memory-sink-manifests",
     "sink_dead_letters": "flink-memory-sink-dead-letters",
+    "sink_memory": "flink-memory-sink-memory",
     "sink_store": STORE_SINK_UID,
 }
-OUTPUTS = ("summaries", "manifests", "dead-letters")
+OUTPUTS = ("summaries", "manifests", "dead-letters", "memory")
 STATEFUL = ("planner", "batcher", "merger")
 
 
@@ -76,6 +78,9 @@ class MemoryStreams:
     dead_letters: DataStream
     # rows the stages write to the store at once, beside the summaries (memory units as the batcher accepts them)
     store_rows: DataStream | None = None
+    # the store's log: every node and unit-row message, numbered per agent (stages.unit_rows.LogEntry); written
+    # exactly once to <output>/memory/, from which the store applier writes the store
+    memory_log: DataStream | None = None
 
 
 def flink_configuration(config: Config, output_dir: str | None, restore: str | None = None,
@@ -224,7 +229,8 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
         summaries.get_side_output(DEAD_LETTERS))
     rows = planned.get_side_output(STORE_ROWS).union(batches.get_side_output(STORE_ROWS),
                                                      summaries.get_side_output(STORE_ROWS))
-    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, rows)
+    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, rows,
+                         summaries.get_side_output(MEMORY_LOG))
 
 
 def file_sink(base_path: str, name: str) -> FileSink:
@@ -239,9 +245,12 @@ def file_sink(base_path: str, name: str) -> FileSink:
 
 
 def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
+    """summaries/, manifests/, dead-letters/ and memory/ (the store's log) under `output_dir`, exactly once."""
     root = output_dir if "://" in output_dir else str(Path(output_dir).resolve())
     for name, stream in (("summaries", streams.summaries), ("manifests", streams.manifests),
-                         ("dead-letters", streams.dead_letters)):
+                         ("dead-letters", streams.dead_letters), ("memory", streams.memory_log)):
+        if stream is None:
+            continue
         stream.sink_to(file_sink(f"{root}/{name}", name)).name(f"sink-{name}").uid(UIDS[f"sink_{name.replace('-', '_')}"])
 
 

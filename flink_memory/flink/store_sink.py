@@ -1,13 +1,13 @@
-"""The store sink: every summary node is upserted into the live-memory store as the merger emits it, and
-every unit row as the batcher sends it (flink_memory.stages.unit_rows: a unit is searchable once accepted).
+"""The store's provisional writer: unit rows shown the moment the batcher sends them, before their commit.
 
-Terminal and at-least-once by design: a node is written when it is produced, not when a checkpoint
-completes, and a replay after a failure writes the nodes again under the same (agent_id, node_id), which
-the store's idempotent upsert turns into the same rows (flink_memory.store). With `embeddings` (a provider
-other than none) the written rows are embedded on a thread of their own (flink_memory.store.backfill),
-reusing the vector of a live row with the same text: no node waits for its vector, and a row not yet
-embedded is found by keyword meanwhile; the sink's close waits (up to CLOSE_WAIT_S) for the last vectors. Reuse it in other jobs beside
-`add_file_sinks`: `add_store_sink(streams, "postgresql://...", config.embeddings)`.
+The store follows the committed memory log (`<output>/memory/`, flink_memory.store.applier); this sink only
+writes what agents expect to find at once: an accepted unit as a provisional row, a deletion or a forget as
+rows hidden at once (`MemoryStore.write_provisional`). Each is confirmed or removed by the commit that reaches
+its `seq`, so nothing a failed or zombie attempt wrote here outlives that commit. With `embeddings` (a
+provider other than none) the written rows are embedded on a thread of their own
+(flink_memory.store.backfill); closing waits (up to CLOSE_WAIT_S) for the last vectors. Reuse it in other
+jobs beside `add_file_sinks` (which writes the log): `add_store_sink(streams, "postgresql://...",
+config.embeddings)`, and run `flink-memory apply` on the output directory.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from flink_memory.embeddings import embedder_for
 from flink_memory.stages.unit_rows import unit_rows_of
 from flink_memory.store import MemoryStore, open_store
 from flink_memory.store.backfill import VectorBackfill
-from flink_memory.store.core import as_node
 
 if TYPE_CHECKING:
     from flink_memory.flink.pipeline import MemoryStreams
@@ -31,9 +30,8 @@ STORE_SINK_UID = "flink-memory-sink-store"
 CLOSE_WAIT_S = 120.0  # how long closing waits for the last vectors (Flink cancels a task after 180 s)
 
 
-class UpsertNodes(ProcessFunction):
-    """Opens the store in each subtask (creating the schema once) and writes every node and unit row it
-    receives."""
+class WriteProvisional(ProcessFunction):
+    """Opens the store in each subtask (creating the schema once) and shows every unit-rows message it gets."""
 
     def __init__(self, url: str, embeddings: EmbeddingsConfig | None = None) -> None:
         self.url = url
@@ -49,15 +47,11 @@ class UpsertNodes(ProcessFunction):
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
         assert self.store is not None
         rows = unit_rows_of(value)
-        if rows is not None:
-            rows.apply(self.store)
-            agent = rows.agent_id
-        else:
-            node = as_node(value)
-            self.store.upsert([node])
-            agent = node.agent_id
-        if self.vectors is not None and (rows is None or rows.upsert):
-            self.vectors.name([agent])
+        if rows is None:
+            raise ValueError(f"the provisional writer takes unit rows only, not {str(value)[:80]!r}")
+        self.store.write_provisional(rows)
+        if self.vectors is not None and rows.upsert:
+            self.vectors.name([rows.agent_id])
 
     def close(self) -> None:
         if self.vectors is not None:
@@ -70,9 +64,10 @@ class UpsertNodes(ProcessFunction):
             self.store = None
 
 
-def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None) -> DataStream:
-    """Write `streams.summaries` (summary-node JSON strings) and `streams.store_rows` (unit rows) into the
-    store at `url` (SQLite path or postgresql:// URL), embedded with `embeddings` (None: no vectors).
-    Returns the terminal operator's (empty) stream."""
-    written = streams.summaries if streams.store_rows is None else streams.summaries.union(streams.store_rows)
-    return written.process(UpsertNodes(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)
+def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None) -> DataStream | None:
+    """Show `streams.store_rows` (unit rows) at once, as provisional rows, in the store at `url` (SQLite path or
+    postgresql:// URL), embedded with `embeddings` (None: no vectors). Returns the terminal operator's (empty)
+    stream; None when there are no store rows."""
+    if streams.store_rows is None:
+        return None
+    return streams.store_rows.process(WriteProvisional(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)

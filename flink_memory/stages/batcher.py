@@ -10,7 +10,9 @@ the old one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an em
 revision counts the changes that reached it, so batch ids never depend on when calls end. Emitted batches
 keep their units for `memory.editable_for` after their newest unit, then only the summary stays.
 
-Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows).
+Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows):
+its rows go to the store at once and, in the order they were decided among the batch nodes, to the merger,
+which writes them into the agent's memory log.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
 from flink_memory.stages.protocol import Culprit
-from flink_memory.stages.unit_rows import accepted, dropped, forgotten
+from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
@@ -43,6 +45,7 @@ class BatcherMeta(StateModel):
     # emitted batches being summarized again (stored as "revising")
     resummarizing: list[int] = Field(default_factory=list, alias="revising")
     next_sweep_ms: int | None = None
+    rows_seq: int = 0  # unit-row messages sent (UnitRows.seq of the last one)
 
 
 class PendingBatch(StateModel):
@@ -122,7 +125,7 @@ class BatcherCore:
         state.put(UNITS, _key(seq), StoredUnit(unit=unit, arrived_ms=now_ms))
         state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
-        effects.rows.append(accepted(unit))  # searchable now, before its batch is summarized
+        _send(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
         opened = [self._open_batch(state, meta, taken) for taken in
                   buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget)]
         summarized = False  # (only a batch summarized now can let batches leave: the others wait for a wake)
@@ -160,29 +163,31 @@ class BatcherCore:
         letters and an empty node replaces it, so no retracted text stays live and no failing job stays."""
         effects = Effects()
         buffer, meta = self._load(state)
+        gone: list[MemoryUnit] = []
         for seq in list(meta.resummarizing):
             meta.resummarizing.remove(seq)
             done = state.entry(DONE, _key(seq))
             if done is None:
                 continue
             for unit in done.units:
-                _drop(effects, unit, reason)
                 state.put(HOMES, unit.unit_id, None)
             revision, replaces = _next_revision(done)
+            _drop(meta, effects, done.units, reason)
             effects.out.append(self._node(state.key, seq, revision, [], "", None, replaces).model_dump_json())
             state.put(DONE, _key(seq), None)
         for key, stored in state.items(UNITS):
-            _drop(effects, stored.unit, reason)
+            gone.append(stored.unit)
             state.put(UNITS, key, None)
             state.put(HOMES, stored.unit.unit_id, None)
         for key, batch in state.items(BATCHES):
             if batch.text is None:  # it leaves as an empty node, replacing whatever a first attempt wrote
                 for unit in batch.units:
-                    _drop(effects, unit, reason)
+                    gone.append(unit)
                     state.put(HOMES, unit.unit_id, None)
                 state.put(BATCHES, key, batch.model_copy(update={"units": [], "text": "",
                                                                  "revision": batch.revision + 1}))
         buffer.take()
+        _drop(meta, effects, gone, reason)
         self._emit(state, meta, effects)
         if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
             effects.dead_letters.append(brought)
@@ -304,7 +309,7 @@ class BatcherCore:
                     state.put(name, _key(home.batch), batch)
                     touched.add(home.batch)
                     break
-        effects.rows.extend(dropped(state.key, gone))
+        _send(meta, effects, dropped(state.key, gone))
         for seq in sorted(touched_pending):  # (the call in flight for the old content is ignored)
             pending = state.entry(BATCHES, _key(seq))
             rebuilt = self._pending(seq, pending.units, pending.job.scale)
@@ -355,8 +360,8 @@ class BatcherCore:
             state.clear_map(name)
         buffer.take()
         meta.next_emit, meta.resummarizing, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
+        _send(meta, effects, [forgotten(state.key)])
         effects.out.append(ForgetAgent().model_dump_json())
-        effects.rows.append(forgotten(state.key))
 
     # --- bounded state -------------------------------------------------------------------------------
 
@@ -384,8 +389,20 @@ class BatcherCore:
         return effects
 
 
-def _drop(effects: Effects, unit: MemoryUnit, reason: str) -> None:
-    """A unit evicted: a dead letter, and out of the store."""
-    effects.dead_letters.append(DeadLetter(raw=unit.model_dump_json(), reason=reason, stage="internal",
-                                           agent_id=unit.agent_id, record_id=unit.source_id))
-    effects.rows.extend(dropped(unit.agent_id, [unit.unit_id]))
+def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None:
+    """Unit rows to the store at once (provisional) and, numbered, down the main path into the memory log, in
+    the order of everything else this activation emits."""
+    for message in messages:
+        meta.rows_seq += 1
+        line = message.model_copy(update={"seq": meta.rows_seq}).model_dump_json()
+        effects.rows.append(line)
+        effects.out.append(line)
+
+
+def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:
+    """Units evicted: dead letters, and out of the store."""
+    for unit in units:
+        effects.dead_letters.append(DeadLetter(raw=unit.model_dump_json(), reason=reason, stage="internal",
+                                               agent_id=unit.agent_id, record_id=unit.source_id))
+    if units:
+        _send(meta, effects, dropped(units[0].agent_id, [unit.unit_id for unit in units]))

@@ -12,9 +12,14 @@ from its children (the new one replaces it, `merge-L2-000003-r1`), and so on up,
 nodes stay in state while any batch below their parent is editable (`memory.editable_for`), so their
 siblings' summaries are there to merge again; then only the frontier stays. Forgetting an agent writes an
 empty global that replaces every node of the agent written before.
+
+The store follows the agent's memory log: every node written and every unit-row message of the batcher
+(which passes through here in the order the batcher decided it), numbered per agent (stages.unit_rows).
 """
 
 from __future__ import annotations
+
+import json
 
 from pydantic import ConfigDict, Field
 
@@ -24,6 +29,7 @@ from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
+from flink_memory.stages.unit_rows import PREFIX as UNIT_ROWS
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import child_target
@@ -32,6 +38,7 @@ from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
 TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
 SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
+LOG = "merger_log"
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
@@ -43,6 +50,12 @@ class MergerSchedule(StateModel):
     last_global_ms: int | None = None
     ended: bool = False
     next_sweep_ms: int | None = None
+
+
+class LogPosition(StateModel):
+    """How many entries of the agent's memory log were written (the `seq` of the last one)."""
+
+    seq: int = 0
 
 
 class StoredNode(StateModel):
@@ -76,7 +89,7 @@ def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
 
 
 class MergerCore:
-    schema = StateSchema(values={TREE: SummaryTree, SCHEDULE: MergerSchedule, GLOBAL: ParentJob},
+    schema = StateSchema(values={TREE: SummaryTree, SCHEDULE: MergerSchedule, GLOBAL: ParentJob, LOG: LogPosition},
                          maps={NODES: StoredNode, MERGES: ParentJob})
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -92,9 +105,11 @@ class MergerCore:
     # --- activations ---------------------------------------------------------------------------------
 
     def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
-        control, data = control_of(payload)
         tree, schedule = self._load(state)
         effects = Effects()
+        if payload.startswith(UNIT_ROWS):  # the batcher's unit rows: into the log, in the order they came
+            return self._settle(state, tree, schedule, effects, passed=payload)
+        control, data = control_of(payload)
         if isinstance(control, ForgetAgent):
             self._forget(state, tree, schedule, effects)
             return self._settle(state, tree, schedule, effects)
@@ -274,10 +289,20 @@ class MergerCore:
         return self._settle(state, tree, schedule, effects)
 
     def _settle(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule,
-                effects: Effects) -> Effects:
+                effects: Effects, *, passed: str | None = None) -> Effects:
+        """The end of every activation: state saved, and what it wrote numbered into the agent's memory log
+        (the unit rows it `passed` on, else the nodes it wrote, in order)."""
         state.set(TREE, tree)
         state.set(SCHEDULE, schedule)
         effects.sweep(schedule.next_sweep_ms)
+        written = [("units", passed)] if passed is not None else [("node", node) for node in effects.out]
+        if written:
+            position = state.get(LOG, LogPosition) or LogPosition()
+            agent = json.dumps(state.key, ensure_ascii=False)
+            for field, line in written:  # (a LogEntry's JSON, without parsing what it carries again)
+                position.seq += 1
+                effects.committed.append(f'{{"agent_id":{agent},"seq":{position.seq},"{field}":{line}}}')
+            state.set(LOG, position)
         return effects
 
     # --- the global summary --------------------------------------------------------------------------

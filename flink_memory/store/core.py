@@ -48,7 +48,7 @@ _WORD = re.compile(r"[^\W_]+")
 class Recalled(BaseModel):
     """One recall hit and its score (higher is better): a live node (`kind` batch | merge | global), or a
     memory unit (`kind` unit, level 0: `node_id` is the unit id, `covered_by` the batch node that holds it,
-    absent until its batch is summarized). `first_ts`..`last_ts` is the time range covered (a unit: its
+    absent until its batch is summarized; `provisional` while its checkpoint has not committed). `first_ts`..`last_ts` is the time range covered (a unit: its
     time). `covered_by` appears in the JSON of unit hits only."""
 
     model_config = ConfigDict(frozen=True)
@@ -61,12 +61,15 @@ class Recalled(BaseModel):
     first_ts: str | None = None
     last_ts: str | None = None
     covered_by: str | None = None
+    provisional: bool = False  # a unit accepted and not committed yet (true appears in the JSON only)
 
     @model_serializer(mode="wrap")
     def _without_unit_fields(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
         data = handler(self)
         if self.kind != UNIT_KIND:
             data.pop("covered_by", None)
+        if not self.provisional:
+            data.pop("provisional", None)
         return data
 
     @classmethod

@@ -18,6 +18,7 @@ from flink_memory.store import pgvector
 from flink_memory.store.core import tsquery_term
 from flink_memory.store.sql import (
     CREATE_GENERATIONS,
+    CREATE_LOG_TABLES,
     HIT,
     INIT_META,
     META,
@@ -25,6 +26,7 @@ from flink_memory.store.sql import (
     REPLACED,
     VECTOR_CANDIDATES,
     MemoryStore,
+    PositionConflict,
     StoreError,
 )
 
@@ -89,7 +91,7 @@ class PostgresStore(MemoryStore):
             extension = pgvector.enable(conn, self.location)
             # (columns of units and vectors: added to a store written before them too)
             conn.execute(f"ALTER TABLE {NODES} ADD COLUMN IF NOT EXISTS covered_by TEXT, "
-                         "ADD COLUMN IF NOT EXISTS digest TEXT, "
+                         "ADD COLUMN IF NOT EXISTS digest TEXT, ADD COLUMN IF NOT EXISTS pending_seq BIGINT, "
                          f"ADD COLUMN IF NOT EXISTS vector {'vector' if extension else 'BYTEA'}")
             if extension:
                 pgvector.convert_bytes(conn, self.location)
@@ -100,6 +102,8 @@ class PostgresStore(MemoryStore):
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_tsv ON {NODES} USING GIN (tsv)")
             conn.execute(CREATE_GENERATIONS)
+            for statement in CREATE_LOG_TABLES:
+                conn.execute(statement)
             conn.execute(f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
                          "PRIMARY KEY (agent_id, node_id))")
 
@@ -112,11 +116,16 @@ class PostgresStore(MemoryStore):
         except self._db.psycopg.OperationalError as exc:  # a reader (the service) answers 503, not a crash
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
 
-    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]],
+               checks: Any = ()) -> None:
         def write(conn: Any) -> None:
             with conn.transaction():
                 for agent in agents:  # sorted: two writers of the same agents take the locks in one order
                     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agent,))
+                for sql, params, expected in checks:
+                    found = [tuple(row) for row in conn.execute(sql, params).fetchall()]
+                    if found != expected:
+                        raise PositionConflict(f"{self.location}: {params} is at {found}, not {expected}")
                 for sql, params in statements:
                     conn.execute(sql, params)
 

@@ -13,6 +13,13 @@ rewrites its own row. The text of a replaced node leaves the store; its id stays
 A unit row leaves with the batch node that covered it unless the replacing batch node lists it again, or
 by `delete_units`; a row's vector leaves with it (and is reset when its text changes).
 
+The store follows the job's memory log (flink_memory.store.applier): `apply_log` writes one committed run of
+each agent's log in one transaction with the agent's new position (`flink_memory_positions`, compared and
+set), so no entry is skipped or applied twice. A unit the batcher just accepted is shown at once as a
+provisional row (`pending:<unit id>`, with the batcher's `seq`), and a deletion or a forget hides the unit's
+rows at once and is remembered as a pending deletion, so that no older committed write brings them back; the
+commit that reaches their `seq` removes both (the committed rows stand for them from then on).
+
 Vectors are written after the rows, in their own transaction (a row not yet embedded is found by keyword),
 and reuse the vector of any live row with the same text digest and model (a replay embeds nothing again).
 
@@ -45,6 +52,7 @@ from flink_memory.store.vectors import cosines as nearest_cosines
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
+    from flink_memory.stages.unit_rows import LogEntry, UnitRows
 
 Mode = Literal["hybrid", "keyword", "vector"]
 KEYWORD_CANDIDATES = 400  # rows sharing a term with the question (MemoryStore._matching)
@@ -55,11 +63,22 @@ NODES = "flink_memory_nodes"
 REPLACED = "flink_memory_replaced"
 META = "flink_memory_store_meta"
 GENERATIONS = "flink_memory_generations"  # per agent: bumped by every write (flink_memory.store.vectors)
+POSITIONS = "flink_memory_positions"  # per agent: the memory log's last applied seq, and the batcher's rows seq
+APPLIED = "flink_memory_applied_files"  # the memory log's files applied to the end
+PENDING_DELETES = "flink_memory_pending_deletes"  # deletions shown before their commit (unit id, or * for all)
 FTS = "flink_memory_nodes_fts"  # SQLite only: FTS5 over the text and agent of NODES (PostgreSQL: a tsvector column)
 COLUMNS = ("agent_id", "node_id", "kind", "level", "steps", "version", "item_count", "first_ts", "last_ts", "text",
            "body", "digest")
 # columns added to a store of schema version 1 written before units and vectors (added on create)
-ADDED = {"covered_by": "TEXT", "digest": "TEXT", "vector": "BLOB"}
+ADDED = {"covered_by": "TEXT", "digest": "TEXT", "vector": "BLOB", "pending_seq": "BIGINT"}
+PENDING_PREFIX = "pending:"  # a provisional unit row: `pending:<unit id>` (no node id starts so either)
+# the tables of the applier's bookkeeping, the same in both stores
+CREATE_LOG_TABLES = (
+    f"CREATE TABLE IF NOT EXISTS {POSITIONS} (agent_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, rows_seq BIGINT NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {APPLIED} (name TEXT PRIMARY KEY)",
+    f"CREATE TABLE IF NOT EXISTS {PENDING_DELETES} (agent_id TEXT NOT NULL, unit_id TEXT NOT NULL, "
+    "seq BIGINT NOT NULL, PRIMARY KEY (agent_id, unit_id))",
+)
 # what recall reads of a row
 HIT = "node_id, kind, level, steps, text, covered_by, first_ts, last_ts"
 
@@ -73,8 +92,10 @@ UPSERT = (
     + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
     + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
 )
-UPSERT_UNIT = (
-    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}) VALUES ({', '.join('?' for _ in COLUMNS)}) "
+UPSERT_UNIT = (  # (not when a deletion shown since, of a later seq, is pending: it would bring the unit back)
+    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}) SELECT {', '.join('?' for _ in COLUMNS)} "
+    f"WHERE NOT EXISTS (SELECT 1 FROM {PENDING_DELETES} d WHERE d.agent_id = ? AND d.unit_id IN (?, '*') "
+    "AND d.seq > ?) "
     f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
     # an update's new text: not the old batch node's (a replacement of that node must not remove it with
@@ -87,11 +108,29 @@ COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? 
          f"AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
 UNCOVERED = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND covered_by = ?"
 DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}'"
-FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}'"
+FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id >= 'unit:' AND node_id < 'unit;'"
+FORGET_ALL_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}'"
+UPSERT_PENDING = (
+    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) VALUES ({', '.join('?' for _ in COLUMNS)}, ?) "
+    f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
+    + ", ".join(f"{c} = excluded.{c}" for c in (*COLUMNS[2:], "pending_seq"))
+    + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
+)
+PENDING_DELETE = (f"INSERT INTO {PENDING_DELETES} (agent_id, unit_id, seq) VALUES (?, ?, ?) ON CONFLICT "
+                  f"(agent_id, unit_id) DO UPDATE SET seq = excluded.seq")
+# a commit that reached `seq`: the provisional rows and deletions up to it are the committed rows' now
+CONFIRMED_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id >= 'pending:' AND node_id < 'pending;' "
+                     "AND pending_seq <= ?")
+CONFIRMED_DELETES = f"DELETE FROM {PENDING_DELETES} WHERE agent_id = ? AND seq <= ?"
+POSITION = f"SELECT seq, rows_seq FROM {POSITIONS} WHERE agent_id = ?"
+SET_POSITION = (f"INSERT INTO {POSITIONS} (agent_id, seq, rows_seq) VALUES (?, ?, ?) ON CONFLICT (agent_id) "
+                "DO UPDATE SET seq = excluded.seq, rows_seq = excluded.rows_seq")
+APPLIED_FILE = f"INSERT INTO {APPLIED} (name) VALUES (?) ON CONFLICT DO NOTHING"
+NO_SEQ = 2**62  # (a unit written outside the log: no pending deletion is of a later seq)
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
 NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind <> '{UNIT_KIND}'"
 ALL_OF_AGENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind <> '{UNIT_KIND}' ORDER BY steps, node_id"
-UNITS_OF_AGENT = f"SELECT body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' ORDER BY node_id"
+UNITS_OF_AGENT = f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' ORDER BY node_id"
 ROWS_OF_AGENT = f"SELECT count(*) FROM {NODES} WHERE agent_id = ?"
 UNEMBEDDED = f"SELECT node_id, text, digest FROM {NODES} WHERE agent_id = ? AND vector IS NULL AND text <> ''"
 SET_VECTOR = f"UPDATE {NODES} SET vector = ? WHERE agent_id = ? AND node_id = ? AND digest = ?"
@@ -116,6 +155,10 @@ class StoreNotFound(StoreError):
     """Nothing (or nothing of ours) at this location yet."""
 
 
+class PositionConflict(StoreError):
+    """Another applier moved an agent's log position meanwhile: nothing was written; read the positions again."""
+
+
 def text_digest(text: str) -> str:
     return digest_parts((text,))
 
@@ -126,17 +169,18 @@ def node_row(node: SummaryNode) -> tuple[Any, ...]:
             text_digest(node.text))
 
 
-def unit_row(unit: MemoryUnit) -> tuple[Any, ...]:
-    return (unit.agent_id, UNIT_PREFIX + unit.unit_id, UNIT_KIND, 0, UNIT_STEPS, None, 1, unit.ts, unit.ts,
+def unit_row(unit: MemoryUnit, prefix: str = UNIT_PREFIX) -> tuple[Any, ...]:
+    return (unit.agent_id, prefix + unit.unit_id, UNIT_KIND, 0, UNIT_STEPS, None, 1, unit.ts, unit.ts,
             unit.text, unit.model_dump_json(), text_digest(unit.text))
 
 
 def hit(row: tuple[Any, ...], score: float) -> Recalled:
     """A Recalled from the HIT columns of a row."""
     key, kind, level, _steps, text, covered_by, first_ts, last_ts = row
-    return Recalled(node_id=key.removeprefix(UNIT_PREFIX) if kind == UNIT_KIND else key, kind=kind, level=level,
-                    text=text, score=float(f"{score:.6g}"), first_ts=first_ts, last_ts=last_ts,
-                    covered_by=covered_by)
+    provisional = key.startswith(PENDING_PREFIX)
+    node_id = key.removeprefix(PENDING_PREFIX if provisional else UNIT_PREFIX) if kind == UNIT_KIND else key
+    return Recalled(node_id=node_id, kind=kind, level=level, text=text, score=float(f"{score:.6g}"),
+                    first_ts=first_ts, last_ts=last_ts, covered_by=covered_by, provisional=provisional)
 
 
 class MemoryStore(ABC):
@@ -154,8 +198,10 @@ class MemoryStore(ABC):
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
 
     @abstractmethod
-    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
-        """Run the statements in one transaction, holding the write lock of each agent."""
+    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]],
+               checks: list[tuple[str, tuple[Any, ...], list[tuple[Any, ...]]]] = ()) -> None:  # type: ignore[assignment]
+        """Run the statements in one transaction, holding the write lock of each agent; first each check's
+        query must return its rows exactly, else nothing is written (PositionConflict)."""
 
     @abstractmethod
     def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
@@ -165,9 +211,10 @@ class MemoryStore(ABC):
     @abstractmethod
     def close(self) -> None: ...
 
-    def _commit(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _commit(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]],
+                checks: list[tuple[str, tuple[Any, ...], list[tuple[Any, ...]]]] = ()) -> None:  # type: ignore[assignment]
         """`_write`, and the agents' generations move on (readers reload their cached vectors)."""
-        self._write(agents, statements + [(self._sql(BUMP), (agent,)) for agent in agents])
+        self._write(agents, statements + [(self._sql(BUMP), (agent,)) for agent in agents], checks)
 
     def _generation(self, agent_id: str) -> int | None:
         """The agent's generation (0: never written); None for a store written before generations."""
@@ -206,31 +253,37 @@ class MemoryStore(ABC):
         parsed = [as_node(n) for n in nodes]
         if not parsed:
             return 0
+        agents = sorted({n.agent_id for n in parsed})
+        self._commit(agents, self._node_statements(parsed))
+        self.embed_pending(agents)
+        return len(parsed)
+
+    def _node_statements(self, nodes: list[SummaryNode]) -> list[tuple[str, tuple[Any, ...]]]:
         statements: list[tuple[str, tuple[Any, ...]]] = []
-        for node in parsed:
+        for node in nodes:
             for old in node.replaces:
                 statements.append((self._sql(RECORD_REPLACED), (node.agent_id, old)))
                 statements.append((self._sql(DELETE_REPLACED), (node.agent_id, old)))
-        for node in parsed:
+        for node in nodes:
             statements.append((self._sql(UPSERT), (*node_row(node), node.agent_id, node.node_id)))
             if node.kind == "batch":
                 statements += [(self._sql(COVER), (node.node_id, node.agent_id, UNIT_PREFIX + unit, node.agent_id,
                                                    node.node_id)) for unit in node.children]
-        for node in parsed:
+        for node in nodes:
             statements += [(self._sql(UNCOVERED), (node.agent_id, old)) for old in node.replaces]
-        agents = sorted({n.agent_id for n in parsed})
-        self._commit(agents, statements)
-        self.embed_pending(agents)
-        return len(parsed)
+        return statements
+
+    def _unit_statements(self, units: list[MemoryUnit], seq: int = NO_SEQ) -> list[tuple[str, tuple[Any, ...]]]:
+        return [(self._sql(UPSERT_UNIT), (*unit_row(u), u.agent_id, u.unit_id, seq)) for u in units]
 
     def upsert_units(self, units: Iterable[MemoryUnit | dict[str, Any] | str]) -> int:
-        """Write memory units (as the batcher accepts them) idempotently; a unit whose text changed (an
-        update) loses its old vector. Returns how many were given."""
+        """Write memory units (committed rows) idempotently; a unit whose text changed (an update) loses its
+        old vector. Returns how many were given."""
         parsed = [as_unit(u) for u in units]
         if not parsed:
             return 0
         agents = sorted({u.agent_id for u in parsed})
-        self._commit(agents, [(self._sql(UPSERT_UNIT), unit_row(u)) for u in parsed])
+        self._commit(agents, self._unit_statements(parsed))
         self.embed_pending(agents)
         return len(parsed)
 
@@ -241,8 +294,69 @@ class MemoryStore(ABC):
             self._commit([agent_id], statements)
 
     def forget_units(self, agent_id: str) -> None:
-        """Remove every unit of the agent (a forget) with their vectors; its nodes go when replaced."""
+        """Remove every committed unit of the agent (a forget) with their vectors; its nodes go when replaced."""
         self._commit([agent_id], [(self._sql(FORGET_UNITS), (agent_id,))])
+
+    def _rows_statements(self, rows: UnitRows) -> list[tuple[str, tuple[Any, ...]]]:
+        """A committed unit-rows message: what UnitRows.apply does, as statements of one transaction."""
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        if rows.forget:
+            statements.append((self._sql(FORGET_UNITS), (rows.agent_id,)))
+        statements += [(self._sql(DELETE_UNIT), (rows.agent_id, UNIT_PREFIX + u)) for u in rows.delete]
+        return statements + self._unit_statements(rows.upsert, rows.seq)
+
+    def write_provisional(self, rows: UnitRows) -> None:
+        """Show a unit-rows message at once, before its commit: accepted units as provisional rows; a deletion or
+        a forget removes the units' rows now and stays pending until the commit that reaches `rows.seq`."""
+        agent = rows.agent_id
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        if rows.forget:
+            statements += [(self._sql(FORGET_ALL_UNITS), (agent,)), (self._sql(PENDING_DELETE), (agent, "*", rows.seq))]
+        for unit_id in rows.delete:
+            statements += [(self._sql(DELETE_UNIT), (agent, UNIT_PREFIX + unit_id)),
+                           (self._sql(DELETE_UNIT), (agent, PENDING_PREFIX + unit_id)),
+                           (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq))]
+        statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq)) for u in rows.upsert]
+        if statements:
+            self._commit([agent], statements)
+
+    def log_position(self, agent_id: str) -> tuple[int, int]:
+        """(the agent's last applied memory-log seq, the batcher's last committed rows seq); (0, 0) if none."""
+        rows = self._fetch(self._sql(POSITION), (agent_id,))
+        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+
+    def applied_files(self) -> set[str]:
+        """The memory log's files applied to their end."""
+        return {row[0] for row in self._fetch(f"SELECT name FROM {APPLIED}", ())}
+
+    def apply_log(self, runs: dict[str, list[LogEntry]], files: Iterable[str] = ()) -> None:
+        """Apply each agent's run of committed log entries (consecutive seqs, following the agent's stored
+        position), record the new positions and the `files` applied to their end: one transaction. An agent
+        whose position moved meanwhile fails it all (PositionConflict)."""
+        statements: list[tuple[str, tuple[Any, ...]]] = []
+        checks: list[tuple[str, tuple[Any, ...], list[tuple[Any, ...]]]] = []
+        for agent, entries in sorted(runs.items()):
+            if not entries:
+                continue
+            if any(b.seq != a.seq + 1 for a, b in zip(entries, entries[1:])):
+                raise ValueError(f"the log run of {agent} has a gap: {[e.seq for e in entries]}")
+            old_seq, rows_seq = self.log_position(agent)
+            if entries[0].seq != old_seq + 1:
+                raise PositionConflict(f"{self.location}: the log of {agent} is at {old_seq}, not {entries[0].seq - 1}")
+            checks.append((self._sql(POSITION), (agent,), [(old_seq, rows_seq)] if old_seq or rows_seq else []))
+            for entry in entries:
+                if entry.node is not None:
+                    statements += self._node_statements([entry.node])
+                elif entry.units is not None:
+                    statements += self._rows_statements(entry.units)
+                    rows_seq = max(rows_seq, entry.units.seq)
+            statements += [(self._sql(CONFIRMED_PENDING), (agent, rows_seq)),
+                           (self._sql(CONFIRMED_DELETES), (agent, rows_seq)),
+                           (self._sql(SET_POSITION), (agent, entries[-1].seq, rows_seq))]
+        statements += [(self._sql(APPLIED_FILE), (name,)) for name in files]
+        if statements:
+            agents = sorted(agent for agent, entries in runs.items() if entries)
+            self._commit(agents, statements, checks)
 
     def embedding_model(self) -> str | None:
         """The model of the store's vectors (None: no vectors yet)."""
@@ -318,9 +432,14 @@ class MemoryStore(ABC):
         return self._bodies(ALL_OF_AGENT, (agent_id,))
 
     def units(self, agent_id: str) -> list[tuple[MemoryUnit, str | None]]:
-        """Every live memory unit of the agent with the batch node that covers it (None: not yet), by id."""
-        return [(MemoryUnit.model_validate_json(body), covered_by)
-                for body, covered_by in self._fetch(self._sql(UNITS_OF_AGENT), (agent_id,))]
+        """Every live memory unit of the agent with the batch node that covers it (None: not yet), by id; a
+        provisional row (not committed yet) stands for the committed row of its unit."""
+        found: dict[str, tuple[MemoryUnit, str | None]] = {}
+        for key, body, covered_by in self._fetch(self._sql(UNITS_OF_AGENT), (agent_id,)):
+            unit = MemoryUnit.model_validate_json(body)
+            if key.startswith(PENDING_PREFIX) or unit.unit_id not in found:
+                found[unit.unit_id] = (unit, covered_by)
+        return [found[unit_id] for unit_id in sorted(found)]
 
     def agents(self) -> list[str]:
         """Agents with at least one live node or unit, sorted."""
@@ -357,6 +476,8 @@ class MemoryStore(ABC):
         if missing:
             sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
             rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
+        for key in [key for key in rows if key.startswith(PENDING_PREFIX)]:  # (it stands for the committed row)
+            rows.pop(UNIT_PREFIX + key.removeprefix(PENDING_PREFIX), None)
         if not rows:
             return []
         self._vector_cache = self._vector_cache or VectorCache()

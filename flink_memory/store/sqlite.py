@@ -12,6 +12,7 @@ from flink_memory.store.core import fts5_query
 from flink_memory.store.sql import (
     ADDED,
     CREATE_GENERATIONS,
+    CREATE_LOG_TABLES,
     FTS,
     HIT,
     INIT_META,
@@ -19,6 +20,7 @@ from flink_memory.store.sql import (
     NODES,
     REPLACED,
     MemoryStore,
+    PositionConflict,
     StoreError,
     StoreNotFound,
 )
@@ -86,6 +88,7 @@ class SqliteStore(MemoryStore):
                 UNIQUE (agent_id, node_id));
             CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version);
             {CREATE_GENERATIONS};
+            {";".join(CREATE_LOG_TABLES)};
             CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL,
                 PRIMARY KEY (agent_id, node_id));
             {";".join(FTS_SCHEMA)};
@@ -126,10 +129,15 @@ class SqliteStore(MemoryStore):
         with self._lock:
             return self._db.execute(sql, params).fetchall()
 
-    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]]) -> None:
+    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]],
+               checks: Any = ()) -> None:
         with self._lock:
             self._db.execute("BEGIN IMMEDIATE")
             try:
+                for sql, params, expected in checks:
+                    found = [tuple(row) for row in self._db.execute(sql, params).fetchall()]
+                    if found != expected:
+                        raise PositionConflict(f"{self.location}: {params} is at {found}, not {expected}")
                 for sql, params in statements:
                     self._db.execute(sql, params)
             except BaseException:

@@ -1,0 +1,121 @@
+"""The store follows the committed memory log: the applier writes it from committed files only.
+
+The job writes each agent's store changes (nodes and unit rows, numbered per agent: stages.unit_rows.LogEntry)
+to `<output>/memory/` with Flink's exactly-once file sink, which makes a part file visible only when the
+checkpoint holding it completes (in-progress files are hidden: their names start with a dot). The applier
+reads each new committed file and applies, in one store transaction per file, the entries that continue each
+agent's stored position, with the new positions and the file's name (`MemoryStore.apply_log`). What a failed
+attempt wrote was never committed, so it never reaches the store; a restarted or second applier compares
+positions and can neither skip nor repeat an entry. Entries that wait for an earlier one (in a file not seen
+yet, e.g. after a rescale) are kept until it comes.
+
+Run it beside the job: `flink-memory run` does; on a cluster, `flink-memory apply --output DIR --follow`.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import defaultdict
+from pathlib import Path
+
+from flink_memory.stages.unit_rows import LogEntry
+from flink_memory.store.sql import MemoryStore, PositionConflict
+
+log = logging.getLogger(__name__)
+
+LOG_DIR = "memory"  # the log's folder in the job's output directory
+
+
+class LogApplier:
+    """Applies a memory-log folder to a store; `poll` once, or `follow` until stopped."""
+
+    def __init__(self, store: MemoryStore, log_dir: str | Path) -> None:
+        self.store = store
+        self.log_dir = Path(log_dir)
+        self.applied = store.applied_files()
+        self.waiting: dict[str, dict[int, LogEntry]] = defaultdict(dict)  # per agent: read, not applied, by seq
+        self.unfinished: dict[str, dict[str, int]] = {}  # files read and not applied to the end: agent -> last seq
+        self.positions: dict[str, int] = {}
+        self.entries = 0  # entries applied by this applier
+
+    def committed_files(self) -> list[Path]:
+        """Committed part files not applied yet, oldest first."""
+        if not self.log_dir.is_dir():
+            return []
+        found = [p for p in self.log_dir.iterdir() if p.is_file() and not p.name.startswith(".")
+                 and p.name not in self.applied and p.name not in self.unfinished]
+        return sorted(found, key=lambda p: (p.stat().st_mtime_ns, p.name))
+
+    def poll(self) -> int:
+        """Apply every committed file not applied yet; returns how many entries were applied."""
+        before = self.entries
+        for path in self.committed_files():
+            self._read(path)
+            self._apply()
+        if self.unfinished and any(self.waiting.values()):
+            self._apply()  # (entries that waited for one of the files read since)
+        return self.entries - before
+
+    def follow(self, stop: threading.Event, every_s: float = 0.25) -> None:
+        """Poll until `stop` is set, then once more (files committed at the end of the job)."""
+        while not stop.wait(every_s):
+            self.poll()
+        self.poll()
+
+    def _read(self, path: Path) -> None:
+        last: dict[str, int] = {}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                entry = LogEntry.model_validate_json(line)
+                self.waiting[entry.agent_id][entry.seq] = entry
+                last[entry.agent_id] = max(last.get(entry.agent_id, 0), entry.seq)
+        self.unfinished[path.name] = last
+
+    def _position(self, agent: str) -> int:
+        if agent not in self.positions:
+            self.positions[agent] = self.store.log_position(agent)[0]
+        return self.positions[agent]
+
+    def _apply(self) -> None:
+        for attempt in (1, 2):
+            runs: dict[str, list[LogEntry]] = {}
+            moved: dict[str, int] = {}
+            for agent, entries in self.waiting.items():
+                at = self._position(agent)
+                for seq in [seq for seq in entries if seq <= at]:  # applied before (a replayed file, another applier)
+                    del entries[seq]
+                run = []
+                while (at + 1) in entries:
+                    at += 1
+                    run.append(entries[at])
+                if run:
+                    runs[agent], moved[agent] = run, at
+            finished = [name for name, last in self.unfinished.items()
+                        if all(seq <= moved.get(agent, self._position(agent)) for agent, seq in last.items())]
+            if not runs and not finished:
+                return
+            try:
+                self.store.apply_log(runs, finished)
+            except PositionConflict:  # another applier was here: read the positions again
+                if attempt == 2:
+                    raise
+                self.positions.clear()
+                continue
+            for agent, at in moved.items():
+                self.positions[agent] = at
+                for seq in [e.seq for e in runs[agent]]:
+                    del self.waiting[agent][seq]
+            for name in finished:
+                del self.unfinished[name]
+                self.applied.add(name)
+            self.waiting = defaultdict(dict, {a: e for a, e in self.waiting.items() if e})
+            self.entries += sum(len(run) for run in runs.values())
+            if self.store.embedder is not None and runs:
+                self.store.embed_pending(sorted(runs))
+            return
+
+
+def apply_committed(store: MemoryStore, output_dir: str | Path) -> int:
+    """Apply what the job at `output_dir` committed and the store lacks; returns how many entries."""
+    return LogApplier(store, Path(output_dir) / LOG_DIR).poll()
