@@ -190,8 +190,10 @@ class JobConfig(_Section):
     # key resumes and a timeout changed across a restore applies in time.
     recheck_s: float = Field(60.0, gt=0)
     # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
-    # (element or timer), or "call:n:..." at the n-th fresh LLM result; once, while the marker file is absent.
-    inject_failure: str | None = Field(None, pattern=r"^((planner|batcher|merger|call):[1-9][0-9]*:.+|record:[^/]+/.+)$")
+    # (element or timer), or "call:n:..." at the n-th fresh LLM result; "stage:after:agent/node-id:marker-file"
+    # at the stage's first activation after the one that took that node; once, while the marker file is absent.
+    inject_failure: str | None = Field(None, pattern=r"^((planner|batcher|merger|call):[1-9][0-9]*:.+|"
+                                                     r"(planner|batcher|merger):after:[^/:]+/[^:]+:.+|record:[^/]+/.+)$")
     # The Kafka connector jar (a path), loaded when the input or an output is Kafka; null: the Maven cache's
     # flink-sql-connector-kafka (flink_memory.kafka.CONNECTOR).
     kafka_connector_jar: str | None = None

@@ -1,7 +1,9 @@
 """Entry point for `flink run -py jobs/memory_summarization.py --input ... --output ...`.
 
 Same flags as `flink-memory run`. On a cluster the LLM must be reachable from every TaskManager: set
-llm.base_url (for example a `flink-memory serve-llm` service or any OpenAI-compatible endpoint).
+llm.base_url (for example a `flink-memory serve-llm` service or any OpenAI-compatible endpoint). The store
+follows the job's committed memory log (<output>/memory/): run `flink-memory apply --output DIR --follow`
+beside the job (docker-compose.yml's store-applier does), where it reads the output directory.
 """
 
 import argparse

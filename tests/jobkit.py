@@ -17,6 +17,8 @@ from scripted_server import Reply, default_script
 from flink_memory.config import load_config
 from flink_memory.flink.pipeline import build_job
 from flink_memory.outputs import latest_globals, read_outputs
+from flink_memory.store import open_store
+from flink_memory.store.applier import apply_committed
 
 # The environment before any local job ran: PyFlink's loopback workers mark the test process as a Python
 # worker (PYFLINK_GATEWAY_DISABLED, ...), which would stop a child process from starting its own gateway.
@@ -54,6 +56,9 @@ def run(tmp: Path, records: list[Any], server_url: str, *overrides: str, journal
     output = tmp / f"{name}-output"
     config = config_for(server_url, *overrides, journal=journal)
     execute(build_job(config, str(input_path), str(output)), name)
+    if (store := config.store.location(str(output))) is not None:  # what `flink-memory run`'s applier does
+        with open_store(store, create=True) as opened:
+            apply_committed(opened, output)
     return read_outputs(str(output))
 
 

@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-KAFKA = {"kafka", "kafka-load", "kafka-store", "submit-kafka", "memory-service"}  # the `kafka` profile
+KAFKA = {"kafka", "kafka-load", "kafka-store", "submit-kafka", "memory-service", "store-applier-kafka"}  # the `kafka` profile
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
@@ -87,7 +87,8 @@ def test_docker_compose_validates_the_file(docker_compose):
 
 def test_services_and_topology(compose):
     services = compose["services"]
-    assert set(services) == {"jobmanager", "taskmanager-1", "taskmanager-2", "postgres", "llm", "submit", *KAFKA}
+    assert set(services) == {"jobmanager", "taskmanager-1", "taskmanager-2", "postgres", "llm", "submit",
+                             "store-applier", *KAFKA}
     assert services["jobmanager"]["command"] == "jobmanager"
     assert services["taskmanager-1"]["command"] == services["taskmanager-2"]["command"] == "taskmanager"
     assert "8081:8081" in services["jobmanager"]["ports"]
@@ -101,6 +102,13 @@ def test_services_and_topology(compose):
     for name in ("jobmanager", "llm"):
         test = services[name]["healthcheck"]["test"]
         assert test[0] == "CMD" and test[1] == "/opt/venv/bin/python"
+    # each job's store follows its committed memory log: an applier per output directory and store
+    for applier, job in (("store-applier", "submit"), ("store-applier-kafka", "submit-kafka")):
+        command, job_command = services[applier]["command"], services[job]["command"]
+        sets = dict(job_command[i + 1].split("=", 1) for i in range(len(job_command) - 1) if job_command[i] == "--set")
+        assert command[0] == "apply" and "--follow" in command
+        assert command[command.index("--output") + 1] == job_command[job_command.index("--output") + 1]
+        assert command[command.index("--store") + 1] == sets["store.url"]
 
 
 def test_image_is_built_from_the_dockerfile_on_official_flink_2_java17_with_a_venv_of_the_same_flink(compose):

@@ -191,3 +191,18 @@ def test_a_deletion_shown_before_its_commit_is_not_undone_by_an_older_commit(loc
         files.commit([e for e in run.log if e.seq > 1])
         apply_committed(store, files.output)
         assert store.units("a") == [] and store.log_position("a") == (2, 2)
+
+
+def test_flink_memory_apply_writes_a_committed_log_into_the_store(tmp_path, capsys):
+    from flink_memory.cli import main
+
+    run = pipeline().feed(*[item("a", i) for i in range(3)]).settle()
+    files = LogFiles(tmp_path / "out")
+    files.commit(run.log)
+    assert main(["apply", "--output", str(files.output)]) == 0
+    assert f"applied {len(run.log)} log entries" in capsys.readouterr().out
+    assert main(["apply", "--output", str(files.output)]) == 0  # again: nothing twice
+    assert "applied 0 log entries" in capsys.readouterr().out
+    with open_store(str(files.output / "memory.sqlite")) as store:
+        assert {n.node_id for n in store.nodes("a")} == {"batch-000001"}
+        assert [c for _, c in store.units("a")] == ["batch-000001"] * 3

@@ -68,12 +68,17 @@ def _count_fault(fault: str) -> int:
     return _FAULTS[fault]
 
 
-def _fault_hook(spec: str | None, stage: str, count: int) -> None:
-    """job.inject_failure = "stage:n:marker": raise once at activation n of stage (see config.py)."""
+def _fault_hook(spec: str | None, stage: str, count: int, due: bool = False) -> None:
+    """job.inject_failure = "stage:n:marker": raise once at activation n of stage (see config.py); `due`: a
+    "stage:after:..." drill's node was taken by the activation before."""
     if not spec or spec.startswith("record:"):
         return
     name, at, marker = spec.split(":", 2)
-    if name != stage or count != int(at) or os.path.exists(marker):
+    if at == "after":
+        if not due:
+            return
+        marker = marker.split(":", 1)[1]
+    if name != stage or (at != "after" and count != int(at)) or os.path.exists(marker):
         return
     with open(marker, "w") as handle:
         handle.write(stage)
@@ -141,6 +146,7 @@ class StageFunction(KeyedProcessFunction):
         self.armed: set[str] = set()  # agents whose end-of-input timers this subtask has registered
         self.timers: dict[str, set[int]] = {}  # per agent, times of timers registered and not yet due
         self.activations = 0
+        self.drill_due = False  # job.inject_failure "stage:after:agent/node": the node was just taken
         self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
         self.tally = Tally(group)
@@ -194,7 +200,8 @@ class StageFunction(KeyedProcessFunction):
         self.activations += 1
         timers = ctx.timer_service()
         now = _now_ms()
-        _fault_hook(self.config.job.inject_failure, self.label, self.activations)  # a crash drill: restarts
+        _fault_hook(self.config.job.inject_failure, self.label, self.activations, self.drill_due)  # (restarts)
+        self.drill_due = self._took_drill_node(key, payload)
         self.state.key = key
         effects = self.driver.activate(self.state, key, payload, self.pool.finished(), now)
         for request in effects.start:
@@ -214,6 +221,13 @@ class StageFunction(KeyedProcessFunction):
         outputs.extend((MEMORY_LOG, entry) for entry in effects.committed)
         outputs.extend((DEAD_LETTERS, dead.model_dump_json()) for dead in effects.dead_letters)
         return effects
+
+    def _took_drill_node(self, key: str, payload: str | None) -> bool:
+        spec = self.config.job.inject_failure
+        if not spec or not spec.startswith(f"{self.label}:after:") or payload is None:
+            return False
+        agent, node_id = spec.split(":", 3)[2].split("/", 1)
+        return key == agent and f'"node_id":"{node_id}"' in payload
 
     # --- waiting at the end of input -----------------------------------------------------------------
 
