@@ -26,6 +26,7 @@ from scripted_server import ScriptedServer
 
 from flink_memory.outputs import latest_globals, read_outputs
 from flink_memory.records import ChunkManifest, DeadLetter, SummaryNode
+from flink_memory.store.sql import NODES
 
 pytestmark = pytest.mark.slow
 
@@ -132,3 +133,67 @@ def test_taskmanager_killed_mid_job_recovers_with_no_repeated_calls(tmp_path):
           f"(all in flight at the kill)")
 
 
+
+
+def test_taskmanager_killed_the_postgresql_store_equals_the_committed_live_view(tmp_path, postgres_url):
+    """Memory that changes (an update, a deletion, a forgotten agent) on a standalone cluster with PostgreSQL as
+    the store and `flink-memory apply --follow` beside it; a TaskManager killed with SIGKILL mid-run. After
+    the restart the store equals the committed changelog's live view, with every provisional row of the killed
+    attempt confirmed or gone."""
+    from pgserver import new_database
+
+    from flink_memory.store import live_view, open_store
+
+    url = new_database(postgres_url)
+    records = items(agents=4, per_agent=15)
+    records.insert(20, {"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 4711 EUR for the boat."})
+    records += [{"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 5822 EUR for the boat, corrected."},
+                {"agent_id": "agent-0", "id": "m5", "deleted": True},
+                {"agent_id": "agent-2", "forget": True},
+                {"agent_id": "agent-2", "id": "after", "text": "After the forget, agent two likes green tea."}]
+    input_path = write_lines(tmp_path / "input" / "part-0.jsonl", records)
+    output = tmp_path / "output"
+    applier = subprocess.Popen([sys.executable, "-m", "flink_memory.cli", "apply", "--output", str(output),
+                                "--store", url, "--follow"], stdout=subprocess.DEVNULL,
+                               stderr=(tmp_path / "apply.log").open("w"), env=PRISTINE_ENV)
+    try:
+        with ScriptedServer(slow_script) as server, StandaloneCluster(tmp_path / "cluster") as cluster:
+            job_id = cluster.submit(JOB, "--input", str(input_path), "--output", str(output), "--parallelism", "2",
+                                    "--set", "llm.provider=openai", "--set", f"llm.base_url={server.base_url}",
+                                    "--set", "llm.max_retries=2", "--set", "llm.retry_backoff_s=0.2",
+                                    "--set", "batching.max_items=4", "--set", "summarization.fan_in=2",
+                                    "--set", "llm.max_concurrency=2", "--set", "checkpointing.interval_s=1",
+                                    "--set", "checkpointing.restart_backoff_s=0.5", "--set", "job.poll_interval_ms=20",
+                                    "--set", f"store.url={url}",
+                                    "--set", f"journal.path={tmp_path / 'journal.sqlite'}")
+            wait_for(lambda: server.count() >= 8, timeout_s=300)
+            (victim, *_) = cluster.busy_taskmanagers(job_id, ("batch-summaries", "hierarchical-merger"))
+            cluster.kill_taskmanager(victim)
+            cluster.start_taskmanager()
+            assert cluster.wait_for_job(job_id) == "FINISHED", cluster.logs()
+            assert cluster.restarts(job_id) >= 1, "the kill did not make the job restart"
+        live = live_view(read_outputs(str(output))["summaries"])
+
+        def applied():
+            with open_store(url) as store:
+                return {(a, n.node_id): n for a in store.agents() for n in store.nodes(a)} == live
+
+        wait_for(applied, timeout_s=60)
+    finally:
+        applier.terminate()
+        applier.wait(30)
+    with open_store(url) as store:
+        assert {(a, n.node_id): n for a in store.agents() for n in store.nodes(a)} == live
+        expected = {a: {f"m{i}" for i in range(15)} for a in ("agent-0", "agent-1", "agent-3")}
+        expected["agent-0"].discard("m5")
+        expected["agent-1"].add("fact")
+        expected["agent-2"] = {"after"}
+        for agent, unit_ids in expected.items():
+            units = store.units(agent)
+            assert {u.unit_id for u, _ in units} == unit_ids
+            covering = {n.node_id for n in store.nodes(agent) if n.kind == "batch"}
+            assert all(c in covering for _, c in units)  # committed rows, each covered by a live batch node
+        assert not store.recall("agent-1", "4711", mode="keyword")
+        assert "5822" in store.recall("agent-1", "What did Zorbatin pay for the boat?", k=1)[0].text
+        rows = store._fetch(f"SELECT count(*) FROM {NODES} WHERE node_id >= 'pending:' AND node_id < 'pending;'", ())
+        assert rows[0][0] == 0  # every provisional row of either attempt was confirmed or removed
