@@ -30,10 +30,10 @@ BASELINE = "f540afc"  # main before the store followed the committed memory log 
 def child(workdir: Path, agents: int, per_agent: int) -> None:
     """One timed run in this process (the checkout on PYTHONPATH is the one measured): prints a JSON line."""
     sys.path.insert(0, str(Path.cwd() / "tests"))  # (the measured checkout's test kit)
-    import flink_memory
     from jobkit import config_for, items, write_lines
     from scripted_server import ScriptedServer
 
+    import flink_memory
     from flink_memory.flink.pipeline import build_job
     from flink_memory.outputs import read_outputs
     from flink_memory.store import live_view, open_store

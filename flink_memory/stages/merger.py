@@ -105,10 +105,10 @@ class MergerCore:
     # --- activations ---------------------------------------------------------------------------------
 
     def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
+        if payload.startswith(UNIT_ROWS):  # the batcher's unit rows: into the log, in the order they came
+            return self._log(state, Effects(), [("units", payload)])
         tree, schedule = self._load(state)
         effects = Effects()
-        if payload.startswith(UNIT_ROWS):  # the batcher's unit rows: into the log, in the order they came
-            return self._settle(state, tree, schedule, effects, passed=payload)
         control, data = control_of(payload)
         if isinstance(control, ForgetAgent):
             self._forget(state, tree, schedule, effects)
@@ -289,13 +289,15 @@ class MergerCore:
         return self._settle(state, tree, schedule, effects)
 
     def _settle(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule,
-                effects: Effects, *, passed: str | None = None) -> Effects:
-        """The end of every activation: state saved, and what it wrote numbered into the agent's memory log
-        (the unit rows it `passed` on, else the nodes it wrote, in order)."""
+                effects: Effects) -> Effects:
+        """The end of every activation that touched the tree: state saved, the nodes written into the log."""
         state.set(TREE, tree)
         state.set(SCHEDULE, schedule)
         effects.sweep(schedule.next_sweep_ms)
-        written = [("units", passed)] if passed is not None else [("node", node) for node in effects.out]
+        return self._log(state, effects, [("node", node) for node in effects.out])
+
+    def _log(self, state: StateTransaction, effects: Effects, written: list[tuple[str, str]]) -> Effects:
+        """Number what this activation wrote (unit rows passed on, or nodes) into the agent's memory log."""
         if written:
             position = state.get(LOG, LogPosition) or LogPosition()
             agent = json.dumps(state.key, ensure_ascii=False)

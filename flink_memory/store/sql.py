@@ -102,7 +102,12 @@ UPSERT_UNIT = (  # (not when a deletion shown since, of a later seq, is pending:
     # the units it dropped), and its old vector is not its vector
     + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
     + f", covered_by = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.covered_by END"
+    + f" WHERE {NODES}.body <> excluded.body"  # (the same unit again, e.g. a confirmed provisional row: untouched)
 )
+# a committed unit whose provisional row holds the same text: the row is renamed (its full-text entry and
+# vector stay), unless the unit's committed row is still there
+PROMOTE = (f"UPDATE {NODES} SET node_id = ?, pending_seq = NULL WHERE agent_id = ? AND node_id = ? AND digest = ? "
+           f"AND pending_seq <= ? AND NOT EXISTS (SELECT 1 FROM {NODES} u WHERE u.agent_id = ? AND u.node_id = ?)")
 # a batch node's units point at it (unless it is replaced already); units of a replaced batch node leave
 COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
          f"AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
@@ -274,7 +279,14 @@ class MemoryStore(ABC):
         return statements
 
     def _unit_statements(self, units: list[MemoryUnit], seq: int = NO_SEQ) -> list[tuple[str, tuple[Any, ...]]]:
-        return [(self._sql(UPSERT_UNIT), (*unit_row(u), u.agent_id, u.unit_id, seq)) for u in units]
+        statements = []
+        for unit in units:
+            committed, pending = UNIT_PREFIX + unit.unit_id, PENDING_PREFIX + unit.unit_id
+            if seq != NO_SEQ:
+                statements.append((self._sql(PROMOTE), (committed, unit.agent_id, pending, text_digest(unit.text), seq,
+                                                        unit.agent_id, committed)))
+            statements.append((self._sql(UPSERT_UNIT), (*unit_row(unit), unit.agent_id, unit.unit_id, seq)))
+        return statements
 
     def upsert_units(self, units: Iterable[MemoryUnit | dict[str, Any] | str]) -> int:
         """Write memory units (committed rows) idempotently; a unit whose text changed (an update) loses its
