@@ -10,7 +10,7 @@ from stagekit import Pipeline, cfg, keeping_answer
 from test_store_units import new_location
 
 from flink_memory.stages.unit_rows import LogEntry, UnitRows
-from flink_memory.store import live_view, open_store
+from flink_memory.store import StoreError, live_view, open_store
 from flink_memory.store.applier import LOG_DIR, LogApplier, apply_committed
 
 
@@ -206,3 +206,26 @@ def test_flink_memory_apply_writes_a_committed_log_into_the_store(tmp_path, caps
     with open_store(str(files.output / "memory.sqlite")) as store:
         assert {n.node_id for n in store.nodes("a")} == {"batch-000001"}
         assert [c for _, c in store.units("a")] == ["batch-000001"] * 3
+
+
+def test_provisional_rows_are_written_behind_in_order_and_a_failure_reaches_the_writer(location, tmp_path):
+    from flink_memory.store.provisional import WriteBehind
+
+    run = pipeline().feed(item("a", 0), item("a", 1)).settle().feed({"agent_id": "a", "id": "m0", "deleted": True})
+    run.settle()
+    named = []
+    with open_store(location, create=True) as store:
+        writer = WriteBehind(store, named.extend, flush_s=0.01)
+        for rows in run.rows:
+            writer.submit(rows)
+        writer.close()
+        assert [u.unit_id for u, _ in store.units("a")] == ["m1"] and named[:1] == ["a"]
+    with open_store(location) as store:
+        def down(_messages):
+            raise StoreError("the store is down")
+
+        store.write_provisional = down  # a store that fails: the error comes back to the writer
+        broken = WriteBehind(store, flush_s=0.01)
+        broken.submit(run.rows[0])
+        with pytest.raises(StoreError, match="down"):
+            broken.close()

@@ -2,7 +2,7 @@
 
 The store follows the committed memory log (`<output>/memory/`, flink_memory.store.applier); this sink only
 writes what agents expect to find at once: an accepted unit as a provisional row, a deletion or a forget as
-rows hidden at once (`MemoryStore.write_provisional`). Each is confirmed or removed by the commit that reaches
+rows hidden at once (`MemoryStore.write_provisional`, within 50 ms: flink_memory.store.provisional). Each is confirmed or removed by the commit that reaches
 its `seq`, so nothing a failed or zombie attempt wrote here outlives that commit. With `embeddings` (a
 provider other than none) the written rows are embedded on a thread of their own
 (flink_memory.store.backfill); closing waits (up to CLOSE_WAIT_S) for the last vectors. Reuse it in other
@@ -21,6 +21,7 @@ from flink_memory.embeddings import embedder_for
 from flink_memory.stages.unit_rows import unit_rows_of
 from flink_memory.store import MemoryStore, open_store
 from flink_memory.store.backfill import VectorBackfill
+from flink_memory.store.provisional import WriteBehind
 
 if TYPE_CHECKING:
     from flink_memory.flink.pipeline import MemoryStreams
@@ -38,22 +39,25 @@ class WriteProvisional(ProcessFunction):
         self.embeddings = embeddings
         self.store: MemoryStore | None = None
         self.vectors: VectorBackfill | None = None
+        self.writer: WriteBehind | None = None
 
     def open(self, runtime_context: RuntimeContext) -> None:
         embedder = embedder_for(self.embeddings) if self.embeddings is not None else None
         self.store = open_store(self.url, create=True)
         self.vectors = VectorBackfill(self.url, embedder) if embedder is not None else None
+        self.writer = WriteBehind(self.store, self.vectors.name if self.vectors is not None else None)
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
-        assert self.store is not None
+        assert self.writer is not None
         rows = unit_rows_of(value)
         if rows is None:
             raise ValueError(f"the provisional writer takes unit rows only, not {str(value)[:80]!r}")
-        self.store.write_provisional(rows)
-        if self.vectors is not None and rows.upsert:
-            self.vectors.name([rows.agent_id])
+        self.writer.submit(rows)
 
     def close(self) -> None:
+        if self.writer is not None:
+            writer, self.writer = self.writer, None
+            writer.close()
         if self.vectors is not None:
             self.vectors.close(timeout_s=CLOSE_WAIT_S)
             error, self.vectors = self.vectors.error, None

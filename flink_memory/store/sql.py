@@ -317,20 +317,24 @@ class MemoryStore(ABC):
         statements += [(self._sql(DELETE_UNIT), (rows.agent_id, UNIT_PREFIX + u)) for u in rows.delete]
         return statements + self._unit_statements(rows.upsert, rows.seq)
 
-    def write_provisional(self, rows: UnitRows) -> None:
-        """Show a unit-rows message at once, before its commit: accepted units as provisional rows; a deletion or
-        a forget removes the units' rows now and stays pending until the commit that reaches `rows.seq`."""
-        agent = rows.agent_id
+    def write_provisional(self, messages: UnitRows | list[UnitRows]) -> None:
+        """Show unit-rows messages at once, before their commit, in one transaction: accepted units as provisional
+        rows; a deletion or a forget removes the units' rows now and stays pending until the commit that reaches
+        its `seq`."""
         statements: list[tuple[str, tuple[Any, ...]]] = []
-        if rows.forget:
-            statements += [(self._sql(FORGET_ALL_UNITS), (agent,)), (self._sql(PENDING_DELETE), (agent, "*", rows.seq))]
-        for unit_id in rows.delete:
-            statements += [(self._sql(DELETE_UNIT), (agent, UNIT_PREFIX + unit_id)),
-                           (self._sql(DELETE_UNIT), (agent, PENDING_PREFIX + unit_id)),
-                           (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq))]
-        statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq)) for u in rows.upsert]
+        for rows in messages if isinstance(messages, list) else [messages]:
+            agent = rows.agent_id
+            if rows.forget:
+                statements += [(self._sql(FORGET_ALL_UNITS), (agent,)),
+                               (self._sql(PENDING_DELETE), (agent, "*", rows.seq))]
+            for unit_id in rows.delete:
+                statements += [(self._sql(DELETE_UNIT), (agent, UNIT_PREFIX + unit_id)),
+                               (self._sql(DELETE_UNIT), (agent, PENDING_PREFIX + unit_id)),
+                               (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq))]
+            statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq)) for u in rows.upsert]
         if statements:
-            self._commit([agent], statements)
+            agents = sorted({rows.agent_id for rows in (messages if isinstance(messages, list) else [messages])})
+            self._commit(agents, statements)
 
     def log_position(self, agent_id: str) -> tuple[int, int]:
         """(the agent's last applied memory-log seq, the batcher's last committed rows seq); (0, 0) if none."""
