@@ -24,7 +24,7 @@ from flink_memory.stages.driver import END_OF_INPUT, Driver
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
 from flink_memory.stages.protocol import StageCore
-from flink_memory.stages.unit_rows import LogEntry, UnitRows, unit_rows_of
+from flink_memory.stages.unit_rows import LogEntry, UnitRows
 from flink_memory.state import MemoryState, StateTransaction
 from flink_memory.tokens.estimate import estimate_messages
 
@@ -127,7 +127,7 @@ class Pipeline:
         self.summaries: list[dict[str, Any]] = []
         self.manifests: list[dict[str, Any]] = []
         self.dead_letters: list[DeadLetter] = []
-        self.rows: list[UnitRows] = []  # the stages' store rows, in the order they were sent
+        self.rows: list[UnitRows] = []  # the unit rows of the memory log, in the order they were logged
         self.log: list[LogEntry] = []  # the memory log, in the order it was written
         self.stages = [Stage("planner", PlannerCore(config, self.factory)),
                        Stage("batcher", BatcherCore(config, self.factory, bounded=bounded)),
@@ -206,8 +206,9 @@ class Pipeline:
                 times.pop((index, key), None)
         self.manifests.extend(json.loads(m) for m in effects.manifests)
         self.dead_letters.extend(effects.dead_letters)
-        self.rows.extend(unit_rows_of(row) for row in effects.rows)
-        self.log.extend(LogEntry.model_validate_json(entry) for entry in effects.committed)
+        logged = [LogEntry.model_validate_json(entry) for entry in effects.committed]
+        self.log.extend(logged)
+        self.rows.extend(entry.units for entry in logged if entry.units is not None)
         for payload in effects.out:
             if index + 1 < len(self.stages):
                 self._deliver(index + 1, key, payload)

@@ -111,7 +111,7 @@ def test_a_forgotten_agents_node_of_a_failed_attempt_never_reaches_the_store(tmp
             wait_for(settled, timeout_s=180)
         finally:
             client.cancel().result()
-            applier.stop()
+            assert applier.stop() is None
             reader.stop.set()
             reader.join()
     live = committed_live(output)

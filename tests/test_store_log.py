@@ -229,3 +229,37 @@ def test_provisional_rows_are_written_behind_in_order_and_a_failure_reaches_the_
         broken.submit(run.rows[0])
         with pytest.raises(StoreError, match="down"):
             broken.close()
+
+
+def test_a_provisional_write_that_comes_after_its_commit_changes_nothing(location, tmp_path):
+    """A slow writer or a zombie of a failed attempt: its messages reach the store after the applier committed
+    them; neither its unit nor its deletion may outlive, or undo, what was committed."""
+    run = pipeline().feed(item("a", 0, fact="Quillon's PIN is 4471.")).settle()
+    run.feed({"agent_id": "a", "id": "m0", "deleted": True}).settle().feed(item("a", 1)).settle()
+    files = LogFiles(tmp_path / "out")
+    files.commit(run.log)
+    with open_store(location, create=True) as store:
+        apply_committed(store, files.output)
+        committed = store.units("a")
+        for rows in run.rows:  # all of them late: the upsert, the deletion, the next upsert
+            store.write_provisional(rows)
+        assert store.units("a") == committed and [u.unit_id for u, _ in committed] == ["m1"]
+        assert not any(h.provisional for h in store.recall("a", "Person1 paid", mode="keyword"))
+
+
+def test_a_deletion_a_failed_attempt_showed_and_the_replay_did_not_make_is_undone_at_the_commit(location, tmp_path):
+    """The failed attempt evicted a unit (its deletion was shown, a unit hidden); the replay did not: at the
+    commit that passes the deletion's seq, the unit is back."""
+    run = pipeline().feed(item("a", 0, fact="Quillon keeps the spare key under the blue pot.")).settle()
+    files = LogFiles(tmp_path / "out")
+    files.commit(run.log)
+    with open_store(location, create=True) as store:
+        apply_committed(store, files.output)
+        store.write_provisional(UnitRows(agent_id="a", seq=2, delete=["m0"]))  # the failed attempt's eviction
+        store.write_provisional(UnitRows(agent_id="a", seq=3, forget=True))  # (and even a forget)
+        assert store.units("a") == [] and store.recall("a", "spare key", mode="keyword") == []
+        run.feed(item("a", 1), item("a", 2)).settle()  # the replay: other messages under seq 2 and 3
+        files.commit([e for e in run.log if e.seq > 1])
+        apply_committed(store, files.output)
+        assert [u.unit_id for u, _ in store.units("a")] == ["m0", "m1", "m2"]
+        assert store.recall("a", "spare key", mode="keyword")[0].node_id == "m0"

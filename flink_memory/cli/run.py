@@ -89,12 +89,12 @@ class Applier:
         except BaseException as exc:  # noqa: BLE001 - reported by stop(), after the job
             self.error = exc
 
-    def stop(self) -> None:
+    def stop(self) -> BaseException | None:
+        """Apply the last commits and stop; what failed (the committed output is whole either way)."""
         self._stop.set()
         self._thread.join()
         self.store.close()
-        if self.error is not None:
-            raise self.error
+        return self.error
 
 
 def run_job(args: argparse.Namespace) -> int:
@@ -130,12 +130,14 @@ def run_job(args: argparse.Namespace) -> int:
                             concurrency=config.llm.max_concurrency, every_s=args.progress_every).start()
     store = config.store.location(args.output)
     applier = Applier(store, args.output, config) if store else None
+    failed = None
     try:
         stopped = _wait_or_cancel(client)
     finally:
         progress.stop()
-        if applier is not None:
-            applier.stop()
+        if applier is not None and (failed := applier.stop()) is not None:
+            print(f"flink-memory: the store did not take the last commits ({failed}); the committed output is "
+                  f"whole: apply it with `flink-memory apply --output {args.output}`", file=sys.stderr)
     if stopped:
         print("[flink-memory] stopped: the job was cancelled (restore its last checkpoint with --restore)",
               file=sys.stderr)
@@ -147,7 +149,7 @@ def run_job(args: argparse.Namespace) -> int:
         agent = featured_agent(read_outputs(args.output)["summaries"]) if args.ask else None
         if agent is not None:
             print("\n".join(ask(store, agent, args.ask, config.embeddings)))
-    return 0
+    return 1 if failed is not None else 0
 
 
 def apply_log(args: argparse.Namespace) -> int:

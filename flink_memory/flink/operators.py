@@ -34,8 +34,7 @@ log = logging.getLogger(__name__)
 
 DEAD_LETTERS = OutputTag("dead-letters", Types.STRING())
 MANIFESTS = OutputTag("manifests", Types.STRING())
-STORE_ROWS = OutputTag("store-rows", Types.STRING())  # a core's rows for the live-memory store (Effects.rows)
-MEMORY_LOG = OutputTag("memory-log", Types.STRING())  # the store's log, applied once committed (Effects.committed)
+MEMORY_LOG = OutputTag("memory-log", Types.STRING())  # the store's log (Effects.committed)
 KEYED = Types.TUPLE([Types.STRING(), Types.STRING()])
 
 _LONG_MAX = 2**63 - 1
@@ -217,7 +216,6 @@ class StageFunction(KeyedProcessFunction):
         self._schedule(timers, key, effects, now)
         outputs.extend((key, out) if self.keyed_output else out for out in effects.out)
         outputs.extend((MANIFESTS, manifest) for manifest in effects.manifests)
-        outputs.extend((STORE_ROWS, row) for row in effects.rows)
         outputs.extend((MEMORY_LOG, entry) for entry in effects.committed)
         outputs.extend((DEAD_LETTERS, dead.model_dump_json()) for dead in effects.dead_letters)
         return effects

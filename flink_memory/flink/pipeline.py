@@ -33,7 +33,6 @@ from flink_memory.flink.operators import (
     KEYED,
     MANIFESTS,
     MEMORY_LOG,
-    STORE_ROWS,
     ParseRecords,
     StageFunction,
 )
@@ -76,10 +75,9 @@ class MemoryStreams:
     summaries: DataStream
     manifests: DataStream
     dead_letters: DataStream
-    # rows the stages write to the store at once, beside the summaries (memory units as the batcher accepts them)
-    store_rows: DataStream | None = None
     # the store's log: every node and unit-row message, numbered per agent (stages.unit_rows.LogEntry); written
-    # exactly once to <output>/memory/, from which the store applier writes the store
+    # exactly once to <output>/memory/, from which the store applier writes the store, and its unit rows
+    # shown in the store at once (flink_memory.flink.store_sink)
     memory_log: DataStream | None = None
 
 
@@ -227,10 +225,7 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     dead = parsed.get_side_output(DEAD_LETTERS).union(
         planned.get_side_output(DEAD_LETTERS), batches.get_side_output(DEAD_LETTERS),
         summaries.get_side_output(DEAD_LETTERS))
-    rows = planned.get_side_output(STORE_ROWS).union(batches.get_side_output(STORE_ROWS),
-                                                     summaries.get_side_output(STORE_ROWS))
-    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, rows,
-                         summaries.get_side_output(MEMORY_LOG))
+    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, summaries.get_side_output(MEMORY_LOG))
 
 
 def file_sink(base_path: str, name: str) -> FileSink:

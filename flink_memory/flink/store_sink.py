@@ -1,4 +1,4 @@
-"""The store's provisional writer: unit rows shown the moment the batcher sends them, before their commit.
+"""The store's provisional writer: unit rows shown the moment the merger logs them, before their commit.
 
 The store follows the committed memory log (`<output>/memory/`, flink_memory.store.applier); this sink only
 writes what agents expect to find at once: an accepted unit as a provisional row, a deletion or a forget as
@@ -18,7 +18,7 @@ from pyflink.datastream import DataStream, ProcessFunction, RuntimeContext
 
 from flink_memory.config import EmbeddingsConfig
 from flink_memory.embeddings import embedder_for
-from flink_memory.stages.unit_rows import unit_rows_of
+from flink_memory.stages.unit_rows import LogEntry
 from flink_memory.store import MemoryStore, open_store
 from flink_memory.store.backfill import VectorBackfill
 from flink_memory.store.provisional import WriteBehind
@@ -49,10 +49,9 @@ class WriteProvisional(ProcessFunction):
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
         assert self.writer is not None
-        rows = unit_rows_of(value)
-        if rows is None:
-            raise ValueError(f"the provisional writer takes unit rows only, not {str(value)[:80]!r}")
-        self.writer.submit(rows)
+        entry = LogEntry.model_validate_json(value)
+        if entry.units is not None:  # (a node waits for its commit)
+            self.writer.submit(entry.units)
 
     def close(self) -> None:
         if self.writer is not None:
@@ -69,9 +68,9 @@ class WriteProvisional(ProcessFunction):
 
 
 def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None) -> DataStream | None:
-    """Show `streams.store_rows` (unit rows) at once, as provisional rows, in the store at `url` (SQLite path or
-    postgresql:// URL), embedded with `embeddings` (None: no vectors). Returns the terminal operator's (empty)
-    stream; None when there are no store rows."""
-    if streams.store_rows is None:
+    """Show the unit rows of `streams.memory_log` at once, as provisional rows, in the store at `url` (SQLite
+    path or postgresql:// URL), embedded with `embeddings` (None: no vectors). Returns the terminal operator's
+    (empty) stream; None without a memory log."""
+    if streams.memory_log is None:
         return None
-    return streams.store_rows.process(WriteProvisional(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)
+    return streams.memory_log.process(WriteProvisional(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)

@@ -11,8 +11,8 @@ revision counts the changes that reached it, so batch ids never depend on when c
 keep their units for `memory.editable_for` after their newest unit, then only the summary stays.
 
 Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows):
-its rows go to the store at once and, in the order they were decided among the batch nodes, to the merger,
-which writes them into the agent's memory log.
+its rows go, in the order they were decided among the batch nodes, to the merger, which writes them into
+the agent's memory log.
 """
 
 from __future__ import annotations
@@ -390,13 +390,11 @@ class BatcherCore:
 
 
 def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None:
-    """Unit rows to the store at once (provisional) and, numbered, down the main path into the memory log, in
+    """Unit rows, numbered, down the main path into the memory log (and from there, at once, the store), in
     the order of everything else this activation emits."""
     for message in messages:
         meta.rows_seq += 1
-        line = message.model_copy(update={"seq": meta.rows_seq}).model_dump_json()
-        effects.rows.append(line)
-        effects.out.append(line)
+        effects.out.append(message.model_copy(update={"seq": meta.rows_seq}).model_dump_json())
 
 
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:

@@ -124,8 +124,7 @@ class Effects:
     out: list[str] = field(default_factory=list)  # main output, keyed by the current agent
     dead_letters: list[DeadLetter] = field(default_factory=list)
     manifests: list[str] = field(default_factory=list)
-    rows: list[str] = field(default_factory=list)  # for the live-memory store, at once (e.g. stages.unit_rows)
-    committed: list[str] = field(default_factory=list)  # the memory log: the store applies it once committed
+    committed: list[str] = field(default_factory=list)  # the memory log: the store shows it, and applies it committed
     start: list[ChatRequest] = field(default_factory=list)
     waiting: list[ChatRequest] = field(default_factory=list)  # calls in flight this key waits for
     wake_at_ms: int | None = None  # a time-based wake-up for work (backoff, batch timeout, global refresh)

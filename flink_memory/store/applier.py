@@ -25,6 +25,9 @@ from flink_memory.store.sql import MemoryStore, PositionConflict
 log = logging.getLogger(__name__)
 
 LOG_DIR = "memory"  # the log's folder in the job's output directory
+# agents applied in one transaction (PostgreSQL holds a lock per agent until the commit; its lock table is
+# bounded): a file of more agents takes several, and is recorded as applied with the last
+AGENTS_PER_TRANSACTION = 500
 
 
 class LogApplier:
@@ -58,9 +61,18 @@ class LogApplier:
         return self.entries - before
 
     def follow(self, stop: threading.Event, every_s: float = 0.25) -> None:
-        """Poll until `stop` is set, then once more (files committed at the end of the job)."""
-        while not stop.wait(every_s):
-            self.poll()
+        """Poll until `stop` is set, then once more (files committed at the end of the job). A poll that fails
+        (the store unreachable, a file unreadable) is logged and tried again with a backoff: nothing is lost,
+        the positions say where to go on; the last poll's failure is raised."""
+        failures = 0
+        while not stop.wait(every_s if not failures else min(30.0, every_s * 2 ** failures)):
+            try:
+                self.poll()
+                failures = 0
+            except Exception as exc:  # noqa: BLE001 - the applier goes on; the store lags meanwhile
+                failures += 1
+                log.warning("applying %s failed (%d times in a row; the store lags until it works): %s",
+                            self.log_dir, failures, exc)
         self.poll()
 
     def _read(self, path: Path) -> None:
@@ -78,12 +90,12 @@ class LogApplier:
         return self.positions[agent]
 
     def _apply(self) -> None:
-        for attempt in (1, 2):
+        while True:  # (again after a conflict: another applier moved some positions)
             runs: dict[str, list[LogEntry]] = {}
             moved: dict[str, int] = {}
             for agent, entries in self.waiting.items():
                 at = self._position(agent)
-                for seq in [seq for seq in entries if seq <= at]:  # applied before (a replayed file, another applier)
+                for seq in [seq for seq in entries if seq <= at]:  # applied before (another applier)
                     del entries[seq]
                 run = []
                 while (at + 1) in entries:
@@ -95,24 +107,26 @@ class LogApplier:
                         if all(seq <= moved.get(agent, self._position(agent)) for agent, seq in last.items())]
             if not runs and not finished:
                 return
+            agents = sorted(runs)
             try:
-                self.store.apply_log(runs, finished)
-            except PositionConflict:  # another applier was here: read the positions again
-                if attempt == 2:
-                    raise
+                for start in range(0, max(len(agents), 1), AGENTS_PER_TRANSACTION):
+                    chunk = agents[start:start + AGENTS_PER_TRANSACTION]
+                    last = start + AGENTS_PER_TRANSACTION >= len(agents)
+                    self.store.apply_log({a: runs[a] for a in chunk}, finished if last else ())
+                    for agent in chunk:
+                        self.positions[agent] = moved[agent]
+                        for entry in runs[agent]:
+                            del self.waiting[agent][entry.seq]
+                        self.entries += len(runs[agent])
+                    if self.store.embedder is not None and chunk:
+                        self.store.embed_pending(chunk)
+            except PositionConflict:
                 self.positions.clear()
                 continue
-            for agent, at in moved.items():
-                self.positions[agent] = at
-                for seq in [e.seq for e in runs[agent]]:
-                    del self.waiting[agent][seq]
             for name in finished:
                 del self.unfinished[name]
                 self.applied.add(name)
             self.waiting = defaultdict(dict, {a: e for a, e in self.waiting.items() if e})
-            self.entries += sum(len(run) for run in runs.values())
-            if self.store.embedder is not None and runs:
-                self.store.embed_pending(sorted(runs))
             return
 
 

@@ -23,6 +23,7 @@ from flink_memory.store.sql import (
     INIT_META,
     META,
     NODES,
+    PENDING_INDEX,
     REPLACED,
     VECTOR_CANDIDATES,
     MemoryStore,
@@ -100,6 +101,7 @@ class PostgresStore(MemoryStore):
                     pgvector.create_index(conn, int(dim[0]))
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
+            conn.execute(PENDING_INDEX)
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_tsv ON {NODES} USING GIN (tsv)")
             conn.execute(CREATE_GENERATIONS)
             for statement in CREATE_LOG_TABLES:

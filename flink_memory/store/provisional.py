@@ -52,10 +52,10 @@ class WriteBehind:
             if batch:
                 try:
                     self.store.write_provisional(batch)
+                    if self.written is not None:
+                        self.written(sorted({rows.agent_id for rows in batch if rows.upsert}))
                 except BaseException as exc:  # noqa: BLE001 - handed to the writer
                     self.error = exc
                     return
-                if self.written is not None:
-                    self.written(sorted({rows.agent_id for rows in batch if rows.upsert}))
             if stopping:
                 return

@@ -73,7 +73,7 @@ COLUMNS = ("agent_id", "node_id", "kind", "level", "steps", "version", "item_cou
 ADDED = {"covered_by": "TEXT", "digest": "TEXT", "vector": "BLOB", "pending_seq": "BIGINT"}
 PENDING_PREFIX = "pending:"  # a provisional unit row: `pending:<unit id>` (no node id starts so either)
 # the tables of the applier's bookkeeping, the same in both stores
-CREATE_LOG_TABLES = (
+CREATE_LOG_TABLES = (  # (the index of provisional rows is made after the column: PENDING_INDEX)
     f"CREATE TABLE IF NOT EXISTS {POSITIONS} (agent_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, rows_seq BIGINT NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {APPLIED} (name TEXT PRIMARY KEY)",
     f"CREATE TABLE IF NOT EXISTS {PENDING_DELETES} (agent_id TEXT NOT NULL, unit_id TEXT NOT NULL, "
@@ -92,49 +92,69 @@ UPSERT = (
     + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
     + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
 )
-UPSERT_UNIT = (  # (not when a deletion shown since, of a later seq, is pending: it would bring the unit back)
-    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}) SELECT {', '.join('?' for _ in COLUMNS)} "
-    f"WHERE NOT EXISTS (SELECT 1 FROM {PENDING_DELETES} d WHERE d.agent_id = ? AND d.unit_id IN (?, '*') "
-    "AND d.seq > ?) "
+HIDDEN_KIND = "hidden"  # a committed unit a deletion or forget not committed yet hides (pending_seq: its seq)
+# A committed unit row: hidden at once (and until the commit that reaches it) when a deletion of a later seq is
+# pending, so an older commit applied late cannot show a deleted unit again
+_HIDING = (f"FROM {PENDING_DELETES} d WHERE d.agent_id = ? AND d.unit_id IN (?, '*') AND d.seq > ?")
+UPSERT_UNIT = (
+    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT "
+    + ", ".join(f"CASE WHEN EXISTS (SELECT 1 {_HIDING}) THEN '{HIDDEN_KIND}' ELSE ? END" if c == "kind" else "?"
+                for c in COLUMNS)
+    + f", (SELECT MAX(d.seq) {_HIDING}) WHERE true "
     f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
+    + ", ".join(f"{c} = excluded.{c}" for c in (*COLUMNS[2:], "pending_seq"))
     # an update's new text: not the old batch node's (a replacement of that node must not remove it with
     # the units it dropped), and its old vector is not its vector
     + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
     + f", covered_by = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.covered_by END"
-    + f" WHERE {NODES}.body <> excluded.body"  # (the same unit again, e.g. a confirmed provisional row: untouched)
+    # (the same unit again, e.g. a confirmed provisional row: untouched)
+    + f" WHERE {NODES}.body <> excluded.body OR {NODES}.kind <> excluded.kind"
 )
 # a committed unit whose provisional row holds the same text: the row is renamed (its full-text entry and
 # vector stay), unless the unit's committed row is still there
 PROMOTE = (f"UPDATE {NODES} SET node_id = ?, pending_seq = NULL WHERE agent_id = ? AND node_id = ? AND digest = ? "
            f"AND pending_seq <= ? AND NOT EXISTS (SELECT 1 FROM {NODES} u WHERE u.agent_id = ? AND u.node_id = ?)")
+COMMITTED_UNIT = f"(kind = '{UNIT_KIND}' AND pending_seq IS NULL) OR kind = '{HIDDEN_KIND}'"  # (shown or hidden)
 # a batch node's units point at it (unless it is replaced already); units of a replaced batch node leave
-COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
-         f"AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
-UNCOVERED = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND covered_by = ?"
-DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}'"
-FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id >= 'unit:' AND node_id < 'unit;'"
-FORGET_ALL_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}'"
+COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? AND kind IN ('{UNIT_KIND}', "
+         f"'{HIDDEN_KIND}') AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
+UNCOVERED = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND covered_by = ?"
+DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}')"
+FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND ({COMMITTED_UNIT})"
+# Provisional writes apply only ahead of the agent's committed position: a message the applier has already
+# committed (a slow writer, a zombie attempt) changes nothing
+AHEAD = f"? > COALESCE((SELECT p.rows_seq FROM {POSITIONS} p WHERE p.agent_id = ?), 0)"
 UPSERT_PENDING = (
-    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) VALUES ({', '.join('?' for _ in COLUMNS)}, ?) "
-    f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
+    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT {', '.join('?' for _ in COLUMNS)}, ? "
+    f"WHERE {AHEAD} ON CONFLICT (agent_id, node_id) DO UPDATE SET "
     + ", ".join(f"{c} = excluded.{c}" for c in (*COLUMNS[2:], "pending_seq"))
     + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
 )
-PENDING_DELETE = (f"INSERT INTO {PENDING_DELETES} (agent_id, unit_id, seq) VALUES (?, ?, ?) ON CONFLICT "
-                  f"(agent_id, unit_id) DO UPDATE SET seq = excluded.seq")
-# a commit that reached `seq`: the provisional rows and deletions up to it are the committed rows' now
-CONFIRMED_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id >= 'pending:' AND node_id < 'pending;' "
-                     "AND pending_seq <= ?")
+HIDE_UNIT = (f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND node_id = ? AND "
+             f"kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND {AHEAD}")
+HIDE_UNITS = f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND ({COMMITTED_UNIT}) AND {AHEAD}"
+DROP_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
+                f"AND pending_seq IS NOT NULL AND {AHEAD}")
+DROP_ALL_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND pending_seq IS NOT NULL "
+                    f"AND {AHEAD}")
+PENDING_DELETE = (f"INSERT INTO {PENDING_DELETES} (agent_id, unit_id, seq) SELECT ?, ?, ? WHERE {AHEAD} "
+                  f"ON CONFLICT (agent_id, unit_id) DO UPDATE SET seq = excluded.seq")
+# a commit that reached `seq`: provisional rows and pending deletions up to it are the committed rows' now,
+# and a unit hidden by a deletion the commit did not make is shown again
+UNHIDE = (f"UPDATE {NODES} SET kind = '{UNIT_KIND}', pending_seq = NULL WHERE agent_id = ? AND kind = '{HIDDEN_KIND}' "
+          "AND pending_seq <= ?")
+CONFIRMED_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND pending_seq <= ? AND kind = '{UNIT_KIND}'")
 CONFIRMED_DELETES = f"DELETE FROM {PENDING_DELETES} WHERE agent_id = ? AND seq <= ?"
+PENDING_INDEX = f"CREATE INDEX IF NOT EXISTS {NODES}_pending ON {NODES} (agent_id, pending_seq) WHERE pending_seq IS NOT NULL"
 POSITION = f"SELECT seq, rows_seq FROM {POSITIONS} WHERE agent_id = ?"
 SET_POSITION = (f"INSERT INTO {POSITIONS} (agent_id, seq, rows_seq) VALUES (?, ?, ?) ON CONFLICT (agent_id) "
                 "DO UPDATE SET seq = excluded.seq, rows_seq = excluded.rows_seq")
 APPLIED_FILE = f"INSERT INTO {APPLIED} (name) VALUES (?) ON CONFLICT DO NOTHING"
 NO_SEQ = 2**62  # (a unit written outside the log: no pending deletion is of a later seq)
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
-NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind <> '{UNIT_KIND}'"
-ALL_OF_AGENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind <> '{UNIT_KIND}' ORDER BY steps, node_id"
+NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind NOT IN ('{UNIT_KIND}', 'hidden')"
+ALL_OF_AGENT = (f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind NOT IN ('{UNIT_KIND}', 'hidden') "
+                "ORDER BY steps, node_id")
 UNITS_OF_AGENT = f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' ORDER BY node_id"
 ROWS_OF_AGENT = f"SELECT count(*) FROM {NODES} WHERE agent_id = ?"
 UNEMBEDDED = f"SELECT node_id, text, digest FROM {NODES} WHERE agent_id = ? AND vector IS NULL AND text <> ''"
@@ -285,7 +305,9 @@ class MemoryStore(ABC):
             if seq != NO_SEQ:
                 statements.append((self._sql(PROMOTE), (committed, unit.agent_id, pending, text_digest(unit.text), seq,
                                                         unit.agent_id, committed)))
-            statements.append((self._sql(UPSERT_UNIT), (*unit_row(unit), unit.agent_id, unit.unit_id, seq)))
+            row = unit_row(unit)
+            hiding = (unit.agent_id, unit.unit_id, seq)
+            statements.append((self._sql(UPSERT_UNIT), (*row[:2], *hiding, *row[2:], *hiding)))
         return statements
 
     def upsert_units(self, units: Iterable[MemoryUnit | dict[str, Any] | str]) -> int:
@@ -323,15 +345,17 @@ class MemoryStore(ABC):
         its `seq`."""
         statements: list[tuple[str, tuple[Any, ...]]] = []
         for rows in messages if isinstance(messages, list) else [messages]:
-            agent = rows.agent_id
+            agent, ahead = rows.agent_id, (rows.seq, rows.agent_id)
             if rows.forget:
-                statements += [(self._sql(FORGET_ALL_UNITS), (agent,)),
-                               (self._sql(PENDING_DELETE), (agent, "*", rows.seq))]
+                statements += [(self._sql(HIDE_UNITS), (rows.seq, agent, *ahead)),
+                               (self._sql(DROP_ALL_PENDING), (agent, *ahead)),
+                               (self._sql(PENDING_DELETE), (agent, "*", rows.seq, *ahead))]
             for unit_id in rows.delete:
-                statements += [(self._sql(DELETE_UNIT), (agent, UNIT_PREFIX + unit_id)),
-                               (self._sql(DELETE_UNIT), (agent, PENDING_PREFIX + unit_id)),
-                               (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq))]
-            statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq)) for u in rows.upsert]
+                statements += [(self._sql(HIDE_UNIT), (rows.seq, agent, UNIT_PREFIX + unit_id, *ahead)),
+                               (self._sql(DROP_PENDING), (agent, PENDING_PREFIX + unit_id, *ahead)),
+                               (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq, *ahead))]
+            statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq, *ahead))
+                           for u in rows.upsert]
         if statements:
             agents = sorted({rows.agent_id for rows in (messages if isinstance(messages, list) else [messages])})
             self._commit(agents, statements)
@@ -366,7 +390,7 @@ class MemoryStore(ABC):
                 elif entry.units is not None:
                     statements += self._rows_statements(entry.units)
                     rows_seq = max(rows_seq, entry.units.seq)
-            statements += [(self._sql(CONFIRMED_PENDING), (agent, rows_seq)),
+            statements += [(self._sql(UNHIDE), (agent, rows_seq)), (self._sql(CONFIRMED_PENDING), (agent, rows_seq)),
                            (self._sql(CONFIRMED_DELETES), (agent, rows_seq)),
                            (self._sql(SET_POSITION), (agent, entries[-1].seq, rows_seq))]
         statements += [(self._sql(APPLIED_FILE), (name,)) for name in files]
@@ -492,6 +516,8 @@ class MemoryStore(ABC):
         if missing:
             sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
             rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
+        for key in [key for key, row in rows.items() if row[1] == HIDDEN_KIND]:  # (a deletion shown, not committed)
+            del rows[key]
         for key in [key for key in rows if key.startswith(PENDING_PREFIX)]:  # (it stands for the committed row)
             rows.pop(UNIT_PREFIX + key.removeprefix(PENDING_PREFIX), None)
         if not rows:

@@ -18,6 +18,7 @@ from flink_memory.store.sql import (
     INIT_META,
     META,
     NODES,
+    PENDING_INDEX,
     REPLACED,
     MemoryStore,
     PositionConflict,
@@ -99,6 +100,7 @@ class SqliteStore(MemoryStore):
             if column not in present:
                 self._db.execute(f"ALTER TABLE {NODES} ADD COLUMN {column} {kind}")
         self._db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
+        self._db.execute(PENDING_INDEX)
         if not self._fts_has_agent():
             self._migrate_fts()
 
