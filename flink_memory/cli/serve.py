@@ -67,10 +67,12 @@ def run_serve(args: argparse.Namespace) -> int:
     from flink_memory.embeddings import EmbeddingError, embedder_for
     from flink_memory.service.writer import WriteFailed
 
-    options = ServeOptions(store=args.store, host=args.host, port=args.port, keys=args.keys, input=args.input,
-                           read_only=args.read_only, agent=args.agent, threads=args.threads)
     try:
-        embedder = embedder_for(load_config(args.config, args.overrides).embeddings)
+        config = load_config(args.config, args.overrides)
+        options = ServeOptions(store=args.store, host=args.host, port=args.port, keys=args.keys, input=args.input,
+                               read_only=args.read_only, agent=args.agent, threads=args.threads,
+                               diversity=config.recall.diversity)
+        embedder = embedder_for(config.embeddings)
         (serve_stdio if args.stdio else serve_http)(options, embedder)
     except (ServeError, KeysError, WriteFailed, EmbeddingError, ValueError) as exc:
         print(f"flink-memory: {exc}", file=sys.stderr)

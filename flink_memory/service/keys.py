@@ -118,7 +118,7 @@ class KeyRing:
         self.path = Path(path)
         if not self.path.is_file():
             raise KeysError(f"no keys file at {self.path} (make one with `flink-memory keys add AGENT --keys FILE`)")
-        self._stamp: tuple[int, int] | None = None
+        self._stamp: tuple[int, ...] | None = None
         self._keys: list[KeyEntry] = []
         self._reload()
 
@@ -128,7 +128,8 @@ class KeyRing:
         except FileNotFoundError:
             self._stamp, self._keys = None, []
             return
-        stamp = (stat.st_mtime_ns, stat.st_size)
+        # (the inode too: a file rewritten by rename within one tick of the clock, at the same size, is new)
+        stamp = (stat.st_ino, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_size)
         if stamp != self._stamp:
             self._keys = load_keys(self.path).keys
             self._stamp = stamp

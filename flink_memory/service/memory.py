@@ -28,6 +28,7 @@ from flink_memory.service.pool import PoolBusy, StorePool, default_size
 from flink_memory.service.writer import RecordTooLarge, RecordWriter, WriteFailed, as_line
 from flink_memory.store import MemoryStore, StoreError, StoreNotFound, open_store
 from flink_memory.store.core import walk_tree
+from flink_memory.store.diversity import DIVERSITY
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
@@ -81,10 +82,11 @@ class MemoryService:
     `threads` reads run at once (default: one more than the CPU cores), the others wait their turn."""
 
     def __init__(self, store_url: str, writer: RecordWriter | None = None, *, embedder: Embedder | None = None,
-                 read_only: bool = False, threads: int | None = None) -> None:
+                 read_only: bool = False, threads: int | None = None, diversity: float = DIVERSITY) -> None:
         self.store_url = store_url
         self.writer = None if read_only else writer
         self.embedder = embedder
+        self.diversity = diversity  # recall's weight of distinct results when a request names none
         self._pool = StorePool(lambda: open_store(store_url, embedder=embedder), threads or default_size())
 
     # --- plumbing ------------------------------------------------------------------------------------
@@ -146,7 +148,8 @@ class MemoryService:
                 mode = "keyword"
             if self.embedder is None and mode == "vector":
                 raise Rejected("recall by meaning is off on this server (embeddings.provider: none); use mode keyword")
-            hits = store.recall(agent_id, request.question, k=request.k, mode=mode)
+            diversity = self.diversity if request.diversity is None else request.diversity
+            hits = store.recall(agent_id, request.question, k=request.k, mode=mode, diversity=diversity)
         return RecallResponse(hits=hits)
 
     # --- writes: input records for the job --------------------------------------------------------------

@@ -32,6 +32,9 @@ class RecallRequest(_Body):
     k: int = Field(5, ge=1, le=MAX_K, description="how many units and nodes")
     mode: Mode = Field("hybrid", description="keyword, by meaning (vector) or both (hybrid); hybrid is keyword "
                                              "on a server without embeddings")
+    diversity: float | None = Field(None, ge=0.0, le=1.0, description=(
+        "how much results that repeat the matching memories of results above them give way (0: relevance "
+        "alone; 1: no slot; a hit names those it stands for in folds); default: the server's recall.diversity"))
 
 
 class RecallResponse(_Body):

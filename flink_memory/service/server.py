@@ -24,6 +24,7 @@ from flink_memory.service.keys import KeyRing
 from flink_memory.service.memory import MemoryService
 from flink_memory.service.tools import OneAgent, build_mcp
 from flink_memory.service.writer import open_writer
+from flink_memory.store.diversity import DIVERSITY
 
 HEAD_TIMEOUT_S = 10.0
 BODY_TIMEOUT_S = 10.0
@@ -45,6 +46,7 @@ class ServeOptions:
     read_only: bool = False
     agent: str | None = None  # stdio: the one agent the tools serve
     threads: int | None = None  # reads at once (store connections); None: the cores + 1
+    diversity: float = DIVERSITY  # recall's default weight of distinct results (recall.diversity)
 
 
 def is_loopback(host: str) -> bool:
@@ -96,7 +98,7 @@ def build_service(options: ServeOptions, embedder: Any = None) -> tuple[MemorySe
     keyring = KeyRing(options.keys) if options.keys else None
     writer = None if options.read_only else open_writer(options.input)
     return (MemoryService(options.store, writer, embedder=embedder, read_only=options.read_only,
-                          threads=options.threads), keyring)
+                          threads=options.threads, diversity=options.diversity), keyring)
 
 
 def http_app(service: MemoryService, keyring: KeyRing | None, host: str, body_timeout_s: float = BODY_TIMEOUT_S

@@ -70,10 +70,13 @@ def build_mcp(service: MemoryService, stdio_grant: Grant | None = None) -> MCPSe
                ctx: Context,
                k: Annotated[int, Field(ge=1, le=MAX_K)] = 5,
                mode: Mode = "hybrid",
-               agent_id: str | None = None) -> dict[str, Any]:
-        """What the memory holds about a question: the best matching memories and summaries, best first."""
+               agent_id: str | None = None,
+               diversity: Annotated[float | None, Field(ge=0.0, le=1.0)] = None) -> dict[str, Any]:
+        """What the memory holds about a question: the best matching memories and summaries, best first, each
+        covering distinct memory (diversity 0..1; a hit's folds name what it stands for)."""
         grant, agent = caller(ctx, agent_id)
-        return answer(service.recall, grant, agent, RecallRequest(question=question, k=k, mode=mode))
+        return answer(service.recall, grant, agent, RecallRequest(question=question, k=k, mode=mode,
+                                                                  diversity=diversity))
 
     @server.tool()
     def show_memory(ctx: Context, agent_id: str | None = None) -> dict[str, Any]:

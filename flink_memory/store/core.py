@@ -62,6 +62,7 @@ class Recalled(BaseModel):
     last_ts: str | None = None
     covered_by: str | None = None
     provisional: bool = False  # a unit accepted and not committed yet (true appears in the JSON only)
+    folds: list[str] = []  # ids of matching units and nodes it shows, left out of the list (diversity)
 
     @model_serializer(mode="wrap")
     def _without_unit_fields(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
@@ -70,6 +71,8 @@ class Recalled(BaseModel):
             data.pop("covered_by", None)
         if not self.provisional:
             data.pop("provisional", None)
+        if not self.folds:
+            data.pop("folds", None)
         return data
 
     @classmethod

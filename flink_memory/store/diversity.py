@@ -4,10 +4,11 @@ relevance, in plain Python (both stores use it).
 A hit stands for memory units that matched the question: a unit for itself, a summary node for the matching
 units below it (the candidate units whose batch node is the node or one of its descendants). Hits are taken
 greedily, best marginal score first, where a hit's marginal score is its relevance times `1 - weight * r`, and
-`r` the share of the units it stands for that the hits already taken stand for. So with weight 1 a node whose
-matching units are all shown already (as units, or through another node) takes no slot, and a unit whose batch
-node is shown is folded into it; with weight 0 the ranking is relevance alone. A node with no matching unit
-below it (it matched on its own summary: a period, a person, a theme) always adds what no unit holds.
+`r` the share of the units it stands for that the hits already taken stand for. A summary whose matching units
+are all among the candidates, each scoring at least EXPLAINS of it, is shown as those units (the original
+text, one slot each: four vault codes are four results), and a hit whose units are all shown already takes no slot at weight 1 (below 1 it is only
+ranked lower). A node with no matching unit below it (it matched on its own summary: a period, a person, a
+theme) adds what no unit holds and keeps its place. With weight 0 the ranking is relevance alone.
 
 A hit that was left out for repeating one taken before is named in that hit's `folds`, so nothing found is
 hidden: the unit is one `children` call away, the node one `node` call away.
@@ -18,8 +19,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
+from flink_memory.store.core import SPECIFICITY
+
 DIVERSITY = 1.0  # the default weight (recall.diversity in conf/flink-memory.yaml)
 WINDOW = 4  # how many times k ranked candidates the selection looks at
+EXPLAINS = SPECIFICITY  # a unit scoring this share of its summary's score explains the summary's match
 
 
 @dataclass
@@ -67,6 +71,16 @@ def stands_for(hits: Sequence[Ranked], children: Callable[[list[str]], dict[str,
     return out
 
 
+def _explaining(node: Ranked, units: set[str] | frozenset[str], left: list[Ranked]) -> list[Ranked]:
+    """The node's unshown matching units, in rank order, when they explain its relevance: every one of them
+    is a candidate scoring at least EXPLAINS of the node (else [], and the node keeps its place: it matched
+    beyond them, e.g. by the meaning of its summary)."""
+    found = [u for u in left if u.unit and u.key in units]
+    if not units or len(found) != len(units) or any(u.score < EXPLAINS * node.score for u in found):
+        return []
+    return found
+
+
 def diversify(ranked: Sequence[Ranked], covers: dict[str, frozenset[str]], k: int, weight: float) -> list[Ranked]:
     """The k hits of best marginal score (see the module), each with the hits it folds."""
     if weight <= 0:
@@ -75,19 +89,26 @@ def diversify(ranked: Sequence[Ranked], covers: dict[str, frozenset[str]], k: in
     shown: set[str] = set()
     taken: list[Ranked] = []
 
-    def marginal(hit: Ranked, shown: set[str]) -> float:
+    def marginal(hit: Ranked) -> float:
         mine = covers.get(hit.key, frozenset())
         return hit.score * (1 - weight * (len(mine & shown) / len(mine))) if mine else hit.score
 
-    while left and len(taken) < k:
-        best = max(range(len(left)), key=lambda i: (marginal(left[i], shown), -i))
-        hit = left.pop(best)
-        mine = covers.get(hit.key, frozenset())
-        if mine and mine <= shown and weight >= 1:
-            folded_into = next((t for t in taken if mine & covers.get(t.key, frozenset())), None)
-            if folded_into is not None:
-                folded_into.folds.append(hit.key)
-            continue
+    def take(hit: Ranked) -> None:
         taken.append(hit)
-        shown |= mine
+        shown.update(covers.get(hit.key, frozenset()))
+
+    while left and len(taken) < k:
+        hit = left.pop(max(range(len(left)), key=lambda i: (marginal(left[i]), -i)))
+        mine = covers.get(hit.key, frozenset())
+        if mine and mine <= shown:  # it repeats what is shown: no slot with the covering rule at full weight
+            if weight >= 1:
+                next(t for t in taken if mine & covers.get(t.key, frozenset())).folds.append(hit.key)
+                continue
+        elif not hit.unit and (units := _explaining(hit, mine - shown, left)):
+            units[0].folds.append(hit.key)  # a summary of matching units shown as the units themselves
+            for unit in units[: k - len(taken)]:
+                left.remove(unit)
+                take(unit)
+            continue
+        take(hit)
     return taken

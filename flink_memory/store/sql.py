@@ -29,6 +29,7 @@ Reads return `SummaryNode` models (`flink_memory.records`) and `Recalled` hits, 
 
 from __future__ import annotations
 
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any, Literal
@@ -46,6 +47,7 @@ from flink_memory.store.core import (
     query_terms,
     specificity_steps,
 )
+from flink_memory.store.diversity import DIVERSITY, WINDOW, Ranked, diversify, stands_for
 from flink_memory.store.ranking import Candidate, Fusion, TermCounts, rank
 from flink_memory.store.vectors import VectorCache
 from flink_memory.store.vectors import cosines as nearest_cosines
@@ -216,6 +218,7 @@ class MemoryStore(ABC):
     placeholder = "?"
     location: str
     embedder: Embedder | None = None
+    diversity: float = DIVERSITY  # recall's default weight of distinct results (recall.diversity)
     missing_table: tuple[type[Exception], ...] = ()  # what the driver raises for a table that is not there
     _vector_cache: VectorCache | None = None  # this reader's per-agent matrices and row counts
 
@@ -490,12 +493,15 @@ class MemoryStore(ABC):
         return bool(self._fetch(self._sql(HAS_AGENT), (agent_id,)))
 
     def recall(self, agent_id: str, query: str, k: int = 5, mode: Mode | None = None,
-               fusion: Fusion = "weighted") -> list[Recalled]:
+               fusion: Fusion = "weighted", diversity: float | None = None) -> list[Recalled]:
         """The agent's k live units and nodes that best match `query` (natural language), best first.
 
         `mode`: keyword (full text only), vector (by meaning only) or hybrid (both, fused); None: hybrid
-        when the store was opened with an embedder, else keyword. Ranking: flink_memory.store.ranking. A
-        question without meaningful words gives []; so does an empty memory."""
+        when the store was opened with an embedder, else keyword. Ranking: flink_memory.store.ranking.
+        `diversity` (0..1; None: the store's `diversity`, recall.diversity): how much results that only
+        repeat the matching units of results above them give way (flink_memory.store.diversity); a hit
+        names those it stands for in `folds`. A question without meaningful words gives []; so does an
+        empty memory."""
         terms = query_terms(query)
         if not terms or k <= 0:
             return []
@@ -526,7 +532,21 @@ class MemoryStore(ABC):
         total = self._vector_cache.rows(agent_id, self._generation(agent_id),
                                         lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
-        return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion, counts=counts)]
+        weight = self.diversity if diversity is None else diversity
+        if weight <= 0:
+            return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion, counts=counts)]
+        ranked = rank(terms, candidates, total, k * WINDOW, mode, fusion, counts=counts)
+        hits = [hit(rows[c.key], score) for c, score in ranked]
+        by_id = {h.node_id: h for h in hits}
+        chosen = [Ranked(key=h.node_id, unit=h.kind == UNIT_KIND, score=h.score, covered_by=h.covered_by) for h in hits]
+        chosen = diversify(chosen, stands_for(chosen, lambda ids: self._children(agent_id, ids)), k, weight)
+        return [by_id[c.key].model_copy(update={"folds": c.folds}) if c.folds else by_id[c.key] for c in chosen]
+
+    def _children(self, agent_id: str, node_ids: list[str]) -> dict[str, list[str]]:
+        """The child ids of these live nodes (a batch node's are unit ids)."""
+        marks = ", ".join("?" for _ in node_ids)
+        sql = f"SELECT node_id, body FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks}) AND kind <> '{UNIT_KIND}'"
+        return {node_id: json.loads(body)["children"] for node_id, body in self._fetch(self._sql(sql), (agent_id, *node_ids))}
 
     def _cosines(self, agent_id: str, question: Any, also: Iterable[str]) -> dict[str, float]:
         """Cosines of the agent's nearest rows and of `also`: exact, on its cached matrix (store/vectors.py)."""
