@@ -74,10 +74,14 @@ class MemoryClient:
         path = self._agent(agent_id) + "/memory" + ("?tree=true" if tree else "")
         return MemoryResponse.model_validate(self._call("GET", path))
 
-    def recall(self, question: str, *, k: int = 5, mode: Mode = "hybrid", agent_id: str | None = None
-               ) -> list[Recalled]:
-        """The live units and summaries that best match the question, best first."""
-        answer = self._call("POST", self._agent(agent_id) + "/recall", {"question": question, "k": k, "mode": mode})
+    def recall(self, question: str, *, k: int = 5, mode: Mode = "hybrid", agent_id: str | None = None,
+               diversity: float | None = None) -> list[Recalled]:
+        """The live units and summaries that best match the question, best first (covering distinct memory:
+        `diversity` 0..1, default the server's)."""
+        body: dict[str, Any] = {"question": question, "k": k, "mode": mode}
+        if diversity is not None:
+            body["diversity"] = diversity
+        answer = self._call("POST", self._agent(agent_id) + "/recall", body)
         return RecallResponse.model_validate(answer).hits
 
     def remember(self, text: str | None = None, *, messages: list[dict[str, Any]] | None = None,

@@ -224,3 +224,16 @@ def test_without_keys_only_loopback(store):
     with pytest.raises(ServeError, match="loopback"):
         build_service(ServeOptions(store=store, host="0.0.0.0"))
     build_service(ServeOptions(store=store, host="::1"))
+
+
+def test_recall_takes_a_diversity_and_names_what_a_hit_folds(base):
+    question = {"question": "What did Alice pay for the boat? Alice's dog?", "k": 5}
+    status, plain = call(f"{base}/v1/agents/alice/recall", "POST", {**question, "diversity": 0})
+    assert status == 200 and not any("folds" in h for h in plain["hits"])  # relevance alone: nothing folded
+    status, distinct = call(f"{base}/v1/agents/alice/recall", "POST", question)  # the server's default: 1
+    assert status == 200
+    shown = {h["node_id"] for h in distinct["hits"]}
+    folded = {f for h in distinct["hits"] for f in h.get("folds", [])}
+    assert folded and not folded & shown and shown | folded == {h["node_id"] for h in plain["hits"]}
+    status, answer = call(f"{base}/v1/agents/alice/recall", "POST", {**question, "diversity": 1.5})
+    assert status == 422

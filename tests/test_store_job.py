@@ -51,13 +51,15 @@ def test_store_equals_the_live_view_of_the_changelog_after_changes_and_a_failure
             assert store.current(agent) == max(globals_, key=lambda n: n.version)
         units = Counter(u for n in store.nodes("agent-0") if n.kind == "batch" for u in n.children)
         assert units == Counter(f"m{i}" for i in range(12) if i != 5)  # the deleted unit is in no live node
-        hits = store.recall("agent-1", "What did Zorbatin pay for the boat?", k=3)
+        hits = store.recall("agent-1", "What did Zorbatin pay for the boat?", k=3, diversity=0)  # (relevance)
         # the corrected unit itself comes first (a unit before the batch node that covers it), then that node
         assert hits and "5822" in hits[0].text and hits[0].kind == "unit"
         assert hits[1].kind == "batch" and "5822" in hits[1].text
         # (a unit row that reaches the store after the batch node covering it, as a replay's can, is not
         # marked covered until that node is written again)
         assert hits[0].covered_by in (None, hits[1].node_id)
+        distinct = store.recall("agent-1", "What did Zorbatin pay for the boat?", k=3)  # (the default)
+        assert distinct[0].node_id == hits[0].node_id and hits[1].node_id in distinct[0].folds
         assert not any("4711" in n.text for n in store.nodes("agent-1"))  # the superseded fact left the store
         forgotten = store.current("agent-2")
         assert forgotten.item_count == 0 and store.nodes("agent-2") == [forgotten]

@@ -54,18 +54,21 @@ def stored_nodes(store, agent):
     return {n.node_id: n for n in store.nodes(agent)}
 
 
-def test_the_merger_numbers_each_agents_log_and_a_unit_row_precedes_the_node_that_covers_it():
+def test_each_agent_has_two_numbered_logs_and_a_unit_row_precedes_the_node_that_covers_it():
     run = pipeline().feed(*[item("a", i) for i in range(3)], item("b", 0)).settle()
     run.feed(item("a", 1, fact="Person1 paid 999 EUR, corrected.")).settle().advance(61)
     for agent in ("a", "b"):
-        assert [e.seq for e in run.log if e.agent_id == agent] == list(range(1, 1 + sum(
-            e.agent_id == agent for e in run.log)))
-    kinds = [("units", e.units.seq) if e.units else (e.node.kind, e.node.node_id) for e in run.log if e.agent_id == "a"]
+        for by in ("batcher", "merger"):
+            seqs = [e.seq for e in run.log if (e.agent_id, e.by) == (agent, by)]
+            assert seqs == list(range(1, len(seqs) + 1))
+    batcher = [("units", e.units.seq) if e.units else (e.node.kind, e.node.node_id) for e in run.log
+               if (e.agent_id, e.by) == ("a", "batcher")]
     # accepted m0..m2, their batch; the update: its deletion and its row, then the batch made again
-    assert kinds[:4] == [("units", 1), ("units", 2), ("units", 3), ("batch", "batch-000001")]
-    assert kinds[4:6] == [("units", 4), ("units", 5)]
-    assert ("batch", "batch-000001-r1") in kinds[6:]
-    assert [n for n in run.summaries] == [e.node.model_dump(mode="json") for e in run.log if e.node]
+    assert batcher[:4] == [("units", 1), ("units", 2), ("units", 3), ("batch", "batch-000001")]
+    assert batcher[4:] == [("units", 5), ("units", 6), ("batch", "batch-000001-r1"), ("batch", "batch-000002")]
+    assert {e.node.kind for e in run.log if e.by == "merger"} == {"merge", "global"}
+    logged = sorted((e.node.agent_id, e.node.node_id) for e in run.log if e.node)
+    assert logged == sorted((n["agent_id"], n["node_id"]) for n in run.summaries)
 
 
 def test_an_update_never_races_its_old_batch_node(location, tmp_path):
@@ -103,7 +106,7 @@ def test_a_forget_after_a_failure_leaves_no_text_of_the_failed_attempt(location,
         # the replay: the same units again (same seqs), then the forget, before the batch's summary is taken
         replay = pipeline().feed(*[item("agent-2", i) for i in range(3)], {"agent_id": "agent-2", "forget": True})
         replay.settle()
-        new = [e for e in replay.log if e.seq > checkpointed[-1].seq]
+        new = [e for e in replay.log if e.by == "merger" or e.seq > checkpointed[-1].seq]
         for rows in replay.rows[len(checkpointed):]:
             store.write_provisional(rows)
         files.commit(new)
@@ -124,7 +127,7 @@ def test_a_merge_revision_of_a_failed_attempt_never_blocks_the_replays_merge(loc
     revision = merge.model_copy(update={"node_id": merge.node_id + "-r1", "replaces": [merge.node_id],
                                         "text": "attempt 1's revision"})
     files = LogFiles(tmp_path / "out")
-    files.in_progress([LogEntry(agent_id="a", seq=90, node=revision)])
+    files.in_progress([LogEntry(by="merger", agent_id="a", seq=90, node=revision)])
     files.commit(run.log)
     with open_store(location, create=True) as store:
         apply_committed(store, files.output)
@@ -154,7 +157,8 @@ def test_every_entry_is_applied_once_whatever_the_files_order_and_however_many_a
         for agent in ("a", "b"):
             assert stored_nodes(store, agent) == {i: n for (a, i), n in live_view(run.summaries).items()
                                                   if a == agent}
-            assert store.log_position(agent)[0] == max(e.seq for e in run.log if e.agent_id == agent)
+            assert store.log_position(agent) == tuple(max(e.seq for e in run.log if (e.agent_id, e.by) == (agent, by))
+                                                      for by in ("merger", "batcher"))
 
 
 def test_a_provisional_unit_is_found_at_once_and_the_commit_confirms_or_removes_it(location, tmp_path):
@@ -190,7 +194,7 @@ def test_a_deletion_shown_before_its_commit_is_not_undone_by_an_older_commit(loc
         assert store.units("a") == [] and store.recall("a", "PIN", mode="keyword") == []
         files.commit([e for e in run.log if e.seq > 1])
         apply_committed(store, files.output)
-        assert store.units("a") == [] and store.log_position("a") == (2, 2)
+        assert store.units("a") == [] and store.log_position("a") == (0, 2)
 
 
 def test_flink_memory_apply_writes_a_committed_log_into_the_store(tmp_path, capsys):

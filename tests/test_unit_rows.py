@@ -4,7 +4,7 @@ or forgotten; a sealed unit stays. On the stage cores (tests/stagekit.py) and on
 import pytest
 from stagekit import Pipeline, cfg, keeping_answer, live
 
-from flink_memory.stages.unit_rows import UnitRows, unit_rows_of
+from flink_memory.stages.unit_rows import LogEntry, UnitRows, unit_rows_of
 from flink_memory.store import open_store
 
 
@@ -55,7 +55,7 @@ def test_a_sealed_unit_stays_searchable_and_an_evicted_one_leaves():
     batcher = pipeline.stages[1]
     effects = batcher.run("a", lambda st: batcher.core.evict(st, "internal error"))
     assert [d.record_id for d in effects.dead_letters] == ["m5"]
-    pipeline.rows.extend(unit_rows_of(row) for row in effects.out if unit_rows_of(row) is not None)
+    pipeline.rows.extend(e.units for e in map(LogEntry.model_validate_json, effects.committed) if e.units)
     assert set(pipeline.stored_units("a")) == {"m0", "m1", "m2"}
 
 

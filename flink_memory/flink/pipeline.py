@@ -75,7 +75,7 @@ class MemoryStreams:
     summaries: DataStream
     manifests: DataStream
     dead_letters: DataStream
-    # the store's log: every node and unit-row message, numbered per agent (stages.unit_rows.LogEntry); written
+    # the store's log: every node and unit-row message, numbered per agent and writer (LogEntry); written
     # exactly once to <output>/memory/, from which the store applier writes the store, and its unit rows
     # shown in the store at once (flink_memory.flink.store_sink)
     memory_log: DataStream | None = None
@@ -225,7 +225,8 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     dead = parsed.get_side_output(DEAD_LETTERS).union(
         planned.get_side_output(DEAD_LETTERS), batches.get_side_output(DEAD_LETTERS),
         summaries.get_side_output(DEAD_LETTERS))
-    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, summaries.get_side_output(MEMORY_LOG))
+    log = batches.get_side_output(MEMORY_LOG).union(summaries.get_side_output(MEMORY_LOG))
+    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, log)
 
 
 def file_sink(base_path: str, name: str) -> FileSink:

@@ -11,8 +11,8 @@ revision counts the changes that reached it, so batch ids never depend on when c
 keep their units for `memory.editable_for` after their newest unit, then only the summary stays.
 
 Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows):
-its rows go, in the order they were decided among the batch nodes, to the merger, which writes them into
-the agent's memory log.
+its rows and the batch nodes go, numbered in the order they were decided, into the agent's batcher log
+(stages.unit_rows.LogEntry), which the store follows.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
 from flink_memory.stages.protocol import Culprit
-from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten
+from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten, log_line
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
@@ -45,7 +45,7 @@ class BatcherMeta(StateModel):
     # emitted batches being summarized again (stored as "revising")
     resummarizing: list[int] = Field(default_factory=list, alias="revising")
     next_sweep_ms: int | None = None
-    rows_seq: int = 0  # unit-row messages sent (UnitRows.seq of the last one)
+    log_seq: int = 0  # entries of the agent's batcher log (unit rows and batch nodes) written so far
 
 
 class PendingBatch(StateModel):
@@ -106,6 +106,7 @@ class BatcherCore:
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
         self.editable_ms = int(config.memory.editable_for * 1000)
+        self.log_nodes = config.summarization.retention != "global_only"  # (the merger writes the same nodes)
 
     # --- activations ---------------------------------------------------------------------------------
 
@@ -173,7 +174,7 @@ class BatcherCore:
                 state.put(HOMES, unit.unit_id, None)
             revision, replaces = _next_revision(done)
             _drop(meta, effects, done.units, reason)
-            effects.out.append(self._node(state.key, seq, revision, [], "", None, replaces).model_dump_json())
+            self._out(meta, effects, self._node(state.key, seq, revision, [], "", None, replaces))
             state.put(DONE, _key(seq), None)
         for key, stored in state.items(UNITS):
             gone.append(stored.unit)
@@ -258,7 +259,7 @@ class BatcherCore:
             replaces = [str(NodeId.batch(batch.seq, r)) for r in range(batch.revision)]
             node = self._node(state.key, batch.seq, batch.revision, batch.units, batch.text,
                               batch.job if batch.units else None, replaces)
-            effects.out.append(node.model_dump_json())
+            self._out(meta, effects, node)
             effects.counts["batches"] += 1 if batch.units else 0
             state.put(BATCHES, _key(batch.seq), None)
             if batch.units:
@@ -270,6 +271,14 @@ class BatcherCore:
             if meta.next_sweep_ms is None:
                 meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             meta.next_emit += 1
+
+    def _out(self, meta: BatcherMeta, effects: Effects, node: SummaryNode) -> None:
+        """A batch node to the merger and, as retention keeps it, into the agent's batcher log."""
+        line = node.model_dump_json()
+        effects.out.append(line)
+        if self.log_nodes:
+            meta.log_seq += 1
+            effects.committed.append(log_line("batcher", node.agent_id, meta.log_seq, "node", line))
 
     def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
               replaces: list[str] | None = None) -> SummaryNode:
@@ -345,7 +354,7 @@ class BatcherCore:
             text = progress.value
         revision, replaces = _next_revision(done)
         node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
-        effects.out.append(node.model_dump_json())
+        self._out(meta, effects, node)
         effects.counts["batches_revised"] += 1
         meta.resummarizing.remove(done.seq)
         if done.units:
@@ -390,11 +399,12 @@ class BatcherCore:
 
 
 def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None:
-    """Unit rows, numbered, down the main path into the memory log (and from there, at once, the store), in
-    the order of everything else this activation emits."""
+    """Unit rows, numbered, into the agent's batcher log (and from there, at once, the store), in the order of
+    the batch nodes this batcher logs."""
     for message in messages:
-        meta.rows_seq += 1
-        effects.out.append(message.model_copy(update={"seq": meta.rows_seq}).model_dump_json())
+        meta.log_seq += 1
+        line = message.model_copy(update={"seq": meta.log_seq}).model_dump_json()
+        effects.committed.append(log_line("batcher", message.agent_id, meta.log_seq, "units", line))
 
 
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:

@@ -13,13 +13,11 @@ nodes stay in state while any batch below their parent is editable (`memory.edit
 siblings' summaries are there to merge again; then only the frontier stays. Forgetting an agent writes an
 empty global that replaces every node of the agent written before.
 
-The store follows the agent's memory log: every node written and every unit-row message of the batcher
-(which passes through here in the order the batcher decided it), numbered per agent (stages.unit_rows).
+The store follows the agent's memory log: the merges and globals written here, numbered per agent, beside
+the batcher's own log of unit rows and batch nodes (stages.unit_rows).
 """
 
 from __future__ import annotations
-
-import json
 
 from pydantic import ConfigDict, Field
 
@@ -29,7 +27,7 @@ from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
-from flink_memory.stages.unit_rows import PREFIX as UNIT_ROWS
+from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import child_target
@@ -39,6 +37,7 @@ from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
 SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
 LOG = "merger_log"
+BATCH = '"kind":"batch"'  # (in a node's JSON: its kind; a string value never holds an unescaped quote)
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
@@ -105,8 +104,6 @@ class MergerCore:
     # --- activations ---------------------------------------------------------------------------------
 
     def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
-        if payload.startswith(UNIT_ROWS):  # the batcher's unit rows: into the log, in the order they came
-            return self._log(state, Effects(), [("units", payload)])
         tree, schedule = self._load(state)
         effects = Effects()
         control, data = control_of(payload)
@@ -290,20 +287,17 @@ class MergerCore:
 
     def _settle(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule,
                 effects: Effects) -> Effects:
-        """The end of every activation that touched the tree: state saved, the nodes written into the log."""
+        """The end of every activation: state saved, the merges and globals it wrote numbered into the
+        agent's merger log."""
         state.set(TREE, tree)
         state.set(SCHEDULE, schedule)
         effects.sweep(schedule.next_sweep_ms)
-        return self._log(state, effects, [("node", node) for node in effects.out])
-
-    def _log(self, state: StateTransaction, effects: Effects, written: list[tuple[str, str]]) -> Effects:
-        """Number what this activation wrote (unit rows passed on, or nodes) into the agent's memory log."""
+        written = [line for line in effects.out if BATCH not in line]  # (the batcher logs its own nodes)
         if written:
             position = state.get(LOG, LogPosition) or LogPosition()
-            agent = json.dumps(state.key, ensure_ascii=False)
-            for field, line in written:  # (a LogEntry's JSON, without parsing what it carries again)
+            for line in written:
                 position.seq += 1
-                effects.committed.append(f'{{"agent_id":{agent},"seq":{position.seq},"{field}":{line}}}')
+                effects.committed.append(log_line("merger", state.key, position.seq, "node", line))
             state.set(LOG, position)
         return effects
 

@@ -1,20 +1,21 @@
-"""What the store receives, in two channels: unit rows at once, and the memory log once committed.
+"""What the store receives: the agent's memory log, applied once committed, and its unit rows shown at once.
 
-A unit is searchable as soon as the batcher accepts it, not when its checkpoint commits: the batcher sends a
-`UnitRows` message beside its main output (a stage's store rows, `Effects.rows`), which the job's
-provisional writer applies at once (`MemoryStore.write_provisional`). The same message also goes down the
-main path to the merger, which numbers it, with every node it writes, into the agent's memory log
-(`LogEntry`, `Effects.committed`): one ordered stream per agent, written by an exactly-once file sink and
-applied to the store from committed files only (flink_memory.store.applier). The log is what the store
-follows; a provisional row lives until the commit that confirms or disowns it (`UnitRows.seq`).
+Each agent has two logs, numbered from 1 with no gap in their writers' checkpointed state: the batcher's (its
+unit-row messages, `UnitRows`, and the batch nodes it emits, in the order it decided them) and the merger's
+(the merges and globals it writes). Both are side outputs written by an exactly-once file sink to
+`<output>/memory/` and applied to the store from committed files only (flink_memory.store.applier). A covering
+batch node can never overtake the update of one of its units: they are one ordered log. The two logs need no
+order between them: liveness by `replaces` does not depend on arrival order, and merges cover no unit.
 
-A retracted unit (update, deletion), a unit dead-lettered by an eviction and every unit of a forgotten
-agent leave the store the same way, so a deleted unit's text is in no row even before its batch node is
-replaced. A unit sealed by `memory.editable_for` simply stays: nothing is sent.
+A unit is searchable as soon as the batcher accepts it: the job's provisional writer shows the batcher log's
+unit rows at once (`MemoryStore.write_provisional`), each until the commit that reaches its `seq` confirms or
+disowns it. A retracted unit (update, deletion), a unit dead-lettered by an eviction and every unit of a
+forgotten agent leave the store the same way. A unit sealed by `memory.editable_for` simply stays.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -35,8 +36,8 @@ class UnitStore(Protocol):
 class UnitRows(BaseModel):
     """Unit rows of one agent to write: first every unit row goes (`forget`), then `delete`, then `upsert`.
 
-    `seq` numbers the agent's messages as the batcher sent them (kept in its state, so a replay numbers them
-    again the same way): a provisional row is confirmed or removed when the log's commit reaches its `seq`."""
+    `seq` is the message's place in the agent's batcher log: a provisional row is confirmed or removed when the
+    commit of that log reaches it."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -56,19 +57,26 @@ class UnitRows(BaseModel):
             store.upsert_units(self.upsert)
 
 
-class LogEntry(BaseModel):
-    """One line of the memory log (`<output>/memory/`): the agent's `seq`-th store change, a node or unit rows.
+Writer = Literal["batcher", "merger"]
 
-    The merger numbers each agent's entries from 1 with no gap, in its checkpointed state: the committed log
-    of an agent is 1..n, whichever files and subtasks hold it, so an applier applies each entry once, in
-    order, by comparing `seq` with the position it stored."""
+
+class LogEntry(BaseModel):
+    """One line of the memory log (`<output>/memory/`): the `seq`-th entry of the agent's log `by` one writer,
+    a node or unit rows. Whichever files and subtasks hold a log, its committed entries are 1..n, so an
+    applier applies each once, in order, by comparing `seq` with the position it stored."""
 
     model_config = ConfigDict(extra="forbid")
 
+    by: Writer
     agent_id: str
     seq: int
     node: SummaryNode | None = None
     units: UnitRows | None = None
+
+
+def log_line(by: Writer, agent_id: str, seq: int, field: Literal["node", "units"], line: str) -> str:
+    """A LogEntry's JSON around a node's or UnitRows' JSON, without parsing it again."""
+    return f'{{"by":"{by}","agent_id":{json.dumps(agent_id, ensure_ascii=False)},"seq":{seq},"{field}":{line}}}'
 
 
 PREFIX = '{"rows":"units"'

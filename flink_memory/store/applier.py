@@ -1,10 +1,10 @@
 """The store follows the committed memory log: the applier writes it from committed files only.
 
-The job writes each agent's store changes (nodes and unit rows, numbered per agent: stages.unit_rows.LogEntry)
-to `<output>/memory/` with Flink's exactly-once file sink, which makes a part file visible only when the
+The job writes each agent's store changes (nodes and unit rows, numbered per agent and writer:
+stages.unit_rows.LogEntry) to `<output>/memory/` with Flink's exactly-once file sink, which makes a part file visible only when the
 checkpoint holding it completes (in-progress files are hidden: their names start with a dot). The applier
 reads each new committed file and applies, in one store transaction per file, the entries that continue each
-agent's stored position, with the new positions and the file's name (`MemoryStore.apply_log`). What a failed
+agent's stored positions (one per log), with the new positions and the file's name (`MemoryStore.apply_log`). What a failed
 attempt wrote was never committed, so it never reaches the store; a restarted or second applier compares
 positions and can neither skip nor repeat an entry. Entries that wait for an earlier one (in a file not seen
 yet, e.g. after a rescale) are kept until it comes.
@@ -37,9 +37,10 @@ class LogApplier:
         self.store = store
         self.log_dir = Path(log_dir)
         self.applied = store.applied_files()
-        self.waiting: dict[str, dict[int, LogEntry]] = defaultdict(dict)  # per agent: read, not applied, by seq
-        self.unfinished: dict[str, dict[str, int]] = {}  # files read and not applied to the end: agent -> last seq
-        self.positions: dict[str, int] = {}
+        # per log (agent, writer): entries read and not applied yet, by seq
+        self.waiting: dict[tuple[str, str], dict[int, LogEntry]] = defaultdict(dict)
+        self.unfinished: dict[str, dict[tuple[str, str], int]] = {}  # files read, not applied to the end: last seqs
+        self.positions: dict[tuple[str, str], int] = {}
         self.entries = 0  # entries applied by this applier
 
     def committed_files(self) -> list[Path]:
@@ -76,25 +77,27 @@ class LogApplier:
         self.poll()
 
     def _read(self, path: Path) -> None:
-        last: dict[str, int] = {}
+        last: dict[tuple[str, str], int] = {}
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 entry = LogEntry.model_validate_json(line)
-                self.waiting[entry.agent_id][entry.seq] = entry
-                last[entry.agent_id] = max(last.get(entry.agent_id, 0), entry.seq)
+                log_key = (entry.agent_id, entry.by)
+                self.waiting[log_key][entry.seq] = entry
+                last[log_key] = max(last.get(log_key, 0), entry.seq)
         self.unfinished[path.name] = last
 
-    def _position(self, agent: str) -> int:
-        if agent not in self.positions:
-            self.positions[agent] = self.store.log_position(agent)[0]
-        return self.positions[agent]
+    def _position(self, log_key: tuple[str, str]) -> int:
+        if log_key not in self.positions:
+            merger, batcher = self.store.log_position(log_key[0])
+            self.positions[(log_key[0], "merger")], self.positions[(log_key[0], "batcher")] = merger, batcher
+        return self.positions[log_key]
 
     def _apply(self) -> None:
         while True:  # (again after a conflict: another applier moved some positions)
-            runs: dict[str, list[LogEntry]] = {}
-            moved: dict[str, int] = {}
-            for agent, entries in self.waiting.items():
-                at = self._position(agent)
+            runs: dict[tuple[str, str], list[LogEntry]] = {}
+            moved: dict[tuple[str, str], int] = {}
+            for log_key, entries in self.waiting.items():
+                at = self._position(log_key)
                 for seq in [seq for seq in entries if seq <= at]:  # applied before (another applier)
                     del entries[seq]
                 run = []
@@ -102,24 +105,25 @@ class LogApplier:
                     at += 1
                     run.append(entries[at])
                 if run:
-                    runs[agent], moved[agent] = run, at
+                    runs[log_key], moved[log_key] = run, at
             finished = [name for name, last in self.unfinished.items()
-                        if all(seq <= moved.get(agent, self._position(agent)) for agent, seq in last.items())]
+                        if all(seq <= moved.get(log_key, self._position(log_key)) for log_key, seq in last.items())]
             if not runs and not finished:
                 return
-            agents = sorted(runs)
+            agents = sorted({agent for agent, _ in runs})
             try:
                 for start in range(0, max(len(agents), 1), AGENTS_PER_TRANSACTION):
-                    chunk = agents[start:start + AGENTS_PER_TRANSACTION]
+                    chunk = set(agents[start:start + AGENTS_PER_TRANSACTION])
                     last = start + AGENTS_PER_TRANSACTION >= len(agents)
-                    self.store.apply_log({a: runs[a] for a in chunk}, finished if last else ())
-                    for agent in chunk:
-                        self.positions[agent] = moved[agent]
-                        for entry in runs[agent]:
-                            del self.waiting[agent][entry.seq]
-                        self.entries += len(runs[agent])
+                    mine = {log_key: run for log_key, run in runs.items() if log_key[0] in chunk}
+                    self.store.apply_log(mine, finished if last else ())
+                    for log_key, run in mine.items():
+                        self.positions[log_key] = moved[log_key]
+                        for entry in run:
+                            del self.waiting[log_key][entry.seq]
+                        self.entries += len(run)
                     if self.store.embedder is not None and chunk:
-                        self.store.embed_pending(chunk)
+                        self.store.embed_pending(sorted(chunk))
             except PositionConflict:
                 self.positions.clear()
                 continue

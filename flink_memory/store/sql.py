@@ -65,7 +65,7 @@ NODES = "flink_memory_nodes"
 REPLACED = "flink_memory_replaced"
 META = "flink_memory_store_meta"
 GENERATIONS = "flink_memory_generations"  # per agent: bumped by every write (flink_memory.store.vectors)
-POSITIONS = "flink_memory_positions"  # per agent: the memory log's last applied seq, and the batcher's rows seq
+POSITIONS = "flink_memory_positions"  # per agent: the last applied seq of its merger log and of its batcher log
 APPLIED = "flink_memory_applied_files"  # the memory log's files applied to the end
 PENDING_DELETES = "flink_memory_pending_deletes"  # deletions shown before their commit (unit id, or * for all)
 FTS = "flink_memory_nodes_fts"  # SQLite only: FTS5 over the text and agent of NODES (PostgreSQL: a tsvector column)
@@ -76,7 +76,8 @@ ADDED = {"covered_by": "TEXT", "digest": "TEXT", "vector": "BLOB", "pending_seq"
 PENDING_PREFIX = "pending:"  # a provisional unit row: `pending:<unit id>` (no node id starts so either)
 # the tables of the applier's bookkeeping, the same in both stores
 CREATE_LOG_TABLES = (  # (the index of provisional rows is made after the column: PENDING_INDEX)
-    f"CREATE TABLE IF NOT EXISTS {POSITIONS} (agent_id TEXT PRIMARY KEY, seq BIGINT NOT NULL, rows_seq BIGINT NOT NULL)",
+    f"CREATE TABLE IF NOT EXISTS {POSITIONS} (agent_id TEXT PRIMARY KEY, merger_seq BIGINT NOT NULL, "
+    "batcher_seq BIGINT NOT NULL)",
     f"CREATE TABLE IF NOT EXISTS {APPLIED} (name TEXT PRIMARY KEY)",
     f"CREATE TABLE IF NOT EXISTS {PENDING_DELETES} (agent_id TEXT NOT NULL, unit_id TEXT NOT NULL, "
     "seq BIGINT NOT NULL, PRIMARY KEY (agent_id, unit_id))",
@@ -125,7 +126,7 @@ DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind 
 FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND ({COMMITTED_UNIT})"
 # Provisional writes apply only ahead of the agent's committed position: a message the applier has already
 # committed (a slow writer, a zombie attempt) changes nothing
-AHEAD = f"? > COALESCE((SELECT p.rows_seq FROM {POSITIONS} p WHERE p.agent_id = ?), 0)"
+AHEAD = f"? > COALESCE((SELECT p.batcher_seq FROM {POSITIONS} p WHERE p.agent_id = ?), 0)"
 UPSERT_PENDING = (
     f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT {', '.join('?' for _ in COLUMNS)}, ? "
     f"WHERE {AHEAD} ON CONFLICT (agent_id, node_id) DO UPDATE SET "
@@ -148,9 +149,9 @@ UNHIDE = (f"UPDATE {NODES} SET kind = '{UNIT_KIND}', pending_seq = NULL WHERE ag
 CONFIRMED_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND pending_seq <= ? AND kind = '{UNIT_KIND}'")
 CONFIRMED_DELETES = f"DELETE FROM {PENDING_DELETES} WHERE agent_id = ? AND seq <= ?"
 PENDING_INDEX = f"CREATE INDEX IF NOT EXISTS {NODES}_pending ON {NODES} (agent_id, pending_seq) WHERE pending_seq IS NOT NULL"
-POSITION = f"SELECT seq, rows_seq FROM {POSITIONS} WHERE agent_id = ?"
-SET_POSITION = (f"INSERT INTO {POSITIONS} (agent_id, seq, rows_seq) VALUES (?, ?, ?) ON CONFLICT (agent_id) "
-                "DO UPDATE SET seq = excluded.seq, rows_seq = excluded.rows_seq")
+POSITION = f"SELECT merger_seq, batcher_seq FROM {POSITIONS} WHERE agent_id = ?"
+SET_POSITION = (f"INSERT INTO {POSITIONS} (agent_id, merger_seq, batcher_seq) VALUES (?, ?, ?) ON CONFLICT "
+                "(agent_id) DO UPDATE SET merger_seq = excluded.merger_seq, batcher_seq = excluded.batcher_seq")
 APPLIED_FILE = f"INSERT INTO {APPLIED} (name) VALUES (?) ON CONFLICT DO NOTHING"
 NO_SEQ = 2**62  # (a unit written outside the log: no pending deletion is of a later seq)
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
@@ -364,7 +365,7 @@ class MemoryStore(ABC):
             self._commit(agents, statements)
 
     def log_position(self, agent_id: str) -> tuple[int, int]:
-        """(the agent's last applied memory-log seq, the batcher's last committed rows seq); (0, 0) if none."""
+        """(the agent's merger log applied so far, its batcher log applied so far): their last seqs, 0 if none."""
         rows = self._fetch(self._sql(POSITION), (agent_id,))
         return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
 
@@ -372,33 +373,37 @@ class MemoryStore(ABC):
         """The memory log's files applied to their end."""
         return {row[0] for row in self._fetch(f"SELECT name FROM {APPLIED}", ())}
 
-    def apply_log(self, runs: dict[str, list[LogEntry]], files: Iterable[str] = ()) -> None:
-        """Apply each agent's run of committed log entries (consecutive seqs, following the agent's stored
-        position), record the new positions and the `files` applied to their end: one transaction. An agent
-        whose position moved meanwhile fails it all (PositionConflict)."""
+    def apply_log(self, runs: dict[tuple[str, str], list[LogEntry]], files: Iterable[str] = ()) -> None:
+        """Apply runs of committed log entries, each the next consecutive seqs of one agent's log `by` one writer
+        ((agent, "batcher" | "merger") -> entries), record the new positions and the `files` applied to their
+        end: one transaction. An agent whose position moved meanwhile fails it all (PositionConflict)."""
         statements: list[tuple[str, tuple[Any, ...]]] = []
         checks: list[tuple[str, tuple[Any, ...], list[tuple[Any, ...]]]] = []
-        for agent, entries in sorted(runs.items()):
-            if not entries:
-                continue
-            if any(b.seq != a.seq + 1 for a, b in zip(entries, entries[1:])):
-                raise ValueError(f"the log run of {agent} has a gap: {[e.seq for e in entries]}")
-            old_seq, rows_seq = self.log_position(agent)
-            if entries[0].seq != old_seq + 1:
-                raise PositionConflict(f"{self.location}: the log of {agent} is at {old_seq}, not {entries[0].seq - 1}")
-            checks.append((self._sql(POSITION), (agent,), [(old_seq, rows_seq)] if old_seq or rows_seq else []))
-            for entry in entries:
-                if entry.node is not None:
-                    statements += self._node_statements([entry.node])
-                elif entry.units is not None:
-                    statements += self._rows_statements(entry.units)
-                    rows_seq = max(rows_seq, entry.units.seq)
-            statements += [(self._sql(UNHIDE), (agent, rows_seq)), (self._sql(CONFIRMED_PENDING), (agent, rows_seq)),
-                           (self._sql(CONFIRMED_DELETES), (agent, rows_seq)),
-                           (self._sql(SET_POSITION), (agent, entries[-1].seq, rows_seq))]
+        agents = sorted({agent for (agent, _), entries in runs.items() if entries})
+        for agent in agents:
+            old = self.log_position(agent)
+            new = list(old)
+            for place, by in enumerate(("merger", "batcher")):
+                entries = runs.get((agent, by), [])
+                if not entries:
+                    continue
+                if any(b.seq != a.seq + 1 for a, b in zip(entries, entries[1:])):
+                    raise ValueError(f"the {by} log run of {agent} has a gap: {[e.seq for e in entries]}")
+                if entries[0].seq != old[place] + 1:
+                    raise PositionConflict(f"{self.location}: the {by} log of {agent} is at {old[place]}, not "
+                                           f"{entries[0].seq - 1}")
+                for entry in entries:
+                    if entry.node is not None:
+                        statements += self._node_statements([entry.node])
+                    elif entry.units is not None:
+                        statements += self._rows_statements(entry.units)
+                new[place] = entries[-1].seq
+            checks.append((self._sql(POSITION), (agent,), [old] if old != (0, 0) else []))
+            statements += [(self._sql(UNHIDE), (agent, new[1])), (self._sql(CONFIRMED_PENDING), (agent, new[1])),
+                           (self._sql(CONFIRMED_DELETES), (agent, new[1])),
+                           (self._sql(SET_POSITION), (agent, new[0], new[1]))]
         statements += [(self._sql(APPLIED_FILE), (name,)) for name in files]
         if statements:
-            agents = sorted(agent for agent, entries in runs.items() if entries)
             self._commit(agents, statements, checks)
 
     def embedding_model(self) -> str | None:
