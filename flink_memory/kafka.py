@@ -47,6 +47,8 @@ class KafkaSinkConfig(_Section):
 
 
 class SourceConfig(_Section):
+    # --follow: how often the input directory is listed for new files (seconds); the most a new file waits
+    follow_interval_s: float = Field(1.0, gt=0)
     kafka: KafkaSourceConfig = Field(default_factory=KafkaSourceConfig)
 
 

@@ -33,8 +33,15 @@ def test_four_facts_of_one_kind_come_back_as_four_facts_and_the_repeats_are_fold
               node("batch-1", 0.7), unit("d", 0.6, "batch-3"), node("merge-1", 0.5)]
     covers = stands_for(ranked, children)
     taken = diversify(ranked, covers, k=5, weight=1.0)
-    assert [h.key for h in taken] == ["a", "c", "b", "d"]  # the batch holding b and c: shown as its two units
-    assert taken[1].folds == ["batch-2"] and taken[0].folds == ["batch-1", "merge-1"]
+    assert [h.key for h in taken] == ["a", "batch-2", "d"]  # the batch holding b and c: one slot for both
+    assert taken[1].folds == ["c", "b"] and taken[0].folds == ["batch-1", "merge-1"]
+    assert set().union(*(covers[h.key] for h in taken)) == {"a", "b", "c", "d"}
+
+
+def test_a_summary_of_one_matching_unit_is_shown_as_that_unit():
+    ranked = [node("batch-1", 0.9), unit("a", 0.85, "batch-1"), unit("d", 0.5, "batch-3")]
+    taken = diversify(ranked, stands_for(ranked, children), k=3, weight=1.0)
+    assert [h.key for h in taken] == ["a", "d"] and taken[0].folds == ["batch-1"]
 
 
 def test_a_summary_that_adds_what_no_unit_holds_keeps_its_slot():

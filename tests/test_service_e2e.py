@@ -43,7 +43,7 @@ DENTIST = "Alice sees the dentist Dr Molnar every March."  # through HTTP; stays
 LOCKER = "Alice's locker code at the Fitzwell gym is 9182."  # through MCP over stdio; stays until the forget
 SETTINGS = ("embeddings.provider=none", "batching.max_items=50", "batching.flush_after_s=1",
             "summarization.global_refresh_s=1")
-LATENCY_BOUND_S = 15.0  # "seconds" (docs/service.md): the directory is listed every 2 s, a topic read at once
+LATENCY_BOUND_S = 15.0  # "seconds" (docs/service.md): the directory is listed every 1 s, a topic read at once
 
 
 @contextmanager

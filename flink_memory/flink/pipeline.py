@@ -153,7 +153,7 @@ def create_environment(config: Config, output_dir: str | None, restore: str | No
 
 
 def file_source(env: StreamExecutionEnvironment, input_path: str, follow: bool = False,
-                follow_interval_s: float = 2.0) -> DataStream:
+                follow_interval_s: float = 1.0) -> DataStream:
     """A file or a directory of JSON-lines files; with `follow`, new files are picked up as they appear."""
     from pyflink.common import Duration
 
@@ -270,7 +270,8 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
         streams = add_memory_operators(rows, config, output_dir, bounded=config.source.kafka.bounded,
                                        parse=kafka.ParseKafkaValues(config.source.kafka.max_value_bytes))
     else:
-        streams = add_memory_operators(file_source(env, input_path, follow), config, output_dir, bounded=not follow)
+        streams = add_memory_operators(file_source(env, input_path, follow, config.source.follow_interval_s), config,
+                                       output_dir, bounded=not follow)
     add_file_sinks(streams, output_dir)
     store_url = config.store.location(output_dir)
     if store_url:

@@ -5,8 +5,8 @@ A hit stands for memory units that matched the question: a unit for itself, a su
 units below it (the candidate units whose batch node is the node or one of its descendants). Hits are taken
 greedily, best marginal score first, where a hit's marginal score is its relevance times `1 - weight * r`, and
 `r` the share of the units it stands for that the hits already taken stand for. A summary whose matching units
-are all among the candidates, each scoring at least EXPLAINS of it, is shown as those units (the original
-text, one slot each: four vault codes are four results), and a hit whose units are all shown already takes no slot at weight 1 (below 1 it is only
+is one candidate unit scoring at least EXPLAINS of it is shown as that unit (the same memory in one slot, as
+its original text); a summary of several matching units takes one slot for them all. A hit whose units are all shown already takes no slot at weight 1 (below 1 it is only
 ranked lower). A node with no matching unit below it (it matched on its own summary: a period, a person, a
 theme) adds what no unit holds and keeps its place. With weight 0 the ranking is relevance alone.
 
@@ -72,11 +72,12 @@ def stands_for(hits: Sequence[Ranked], children: Callable[[list[str]], dict[str,
 
 
 def _explaining(node: Ranked, units: set[str] | frozenset[str], left: list[Ranked]) -> list[Ranked]:
-    """The node's unshown matching units, in rank order, when they explain its relevance: every one of them
-    is a candidate scoring at least EXPLAINS of the node (else [], and the node keeps its place: it matched
-    beyond them, e.g. by the meaning of its summary)."""
+    """The node's one unshown matching unit when it explains the node's relevance (a candidate scoring at least
+    EXPLAINS of the node): the same memory in one slot, as its original text. Else [] and the node keeps its
+    place: it stands for several matching units in one slot, or it matched beyond them (by the meaning of its
+    summary)."""
     found = [u for u in left if u.unit and u.key in units]
-    if not units or len(found) != len(units) or any(u.score < EXPLAINS * node.score for u in found):
+    if len(units) != 1 or len(found) != 1 or found[0].score < EXPLAINS * node.score:
         return []
     return found
 

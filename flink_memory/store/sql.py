@@ -13,12 +13,14 @@ rewrites its own row. The text of a replaced node leaves the store; its id stays
 A unit row leaves with the batch node that covered it unless the replacing batch node lists it again, or
 by `delete_units`; a row's vector leaves with it (and is reset when its text changes).
 
-The store follows the job's memory log (flink_memory.store.applier): `apply_log` writes one committed run of
-each agent's log in one transaction with the agent's new position (`flink_memory_positions`, compared and
-set), so no entry is skipped or applied twice. A unit the batcher just accepted is shown at once as a
-provisional row (`pending:<unit id>`, with the batcher's `seq`), and a deletion or a forget hides the unit's
-rows at once and is remembered as a pending deletion, so that no older committed write brings them back; the
-commit that reaches their `seq` removes both (the committed rows stand for them from then on).
+The store follows the job's memory log (flink_memory.store.applier): `apply_log` writes committed runs of
+each agent's two logs in one transaction with the agent's new positions (`flink_memory_positions`, compared
+and set), so no entry is skipped or applied twice. A unit the batcher just accepted is shown at once as a
+provisional row (`pending:<unit id>`, `pending_seq` its place in the batcher log), and a deletion or a forget
+hides the unit's committed rows at once (kind `hidden`) and is remembered as a pending deletion, so that no
+older committed write shows them again; the commit that reaches their place removes the provisional rows and
+the pending deletions and shows a hidden unit again unless it deleted it. A provisional write behind the
+committed position changes nothing (a slow writer, a zombie attempt).
 
 Vectors are written after the rows, in their own transaction (a row not yet embedded is found by keyword),
 and reuse the vector of any live row with the same text digest and model (a replay embeds nothing again).
@@ -153,6 +155,7 @@ POSITION = f"SELECT merger_seq, batcher_seq FROM {POSITIONS} WHERE agent_id = ?"
 SET_POSITION = (f"INSERT INTO {POSITIONS} (agent_id, merger_seq, batcher_seq) VALUES (?, ?, ?) ON CONFLICT "
                 "(agent_id) DO UPDATE SET merger_seq = excluded.merger_seq, batcher_seq = excluded.batcher_seq")
 APPLIED_FILE = f"INSERT INTO {APPLIED} (name) VALUES (?) ON CONFLICT DO NOTHING"
+CHILDREN_CACHED_AGENTS = 64  # agents whose nodes' child ids a reader keeps (recall's diversity)
 NO_SEQ = 2**62  # (a unit written outside the log: no pending deletion is of a later seq)
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
 NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind NOT IN ('{UNIT_KIND}', 'hidden')"
@@ -222,6 +225,7 @@ class MemoryStore(ABC):
     diversity: float = DIVERSITY  # recall's default weight of distinct results (recall.diversity)
     missing_table: tuple[type[Exception], ...] = ()  # what the driver raises for a table that is not there
     _vector_cache: VectorCache | None = None  # this reader's per-agent matrices and row counts
+    _children_cache: dict[tuple[str, int], dict[str, list[str]]] | None = None  # (agent, generation): node -> ids
 
     @abstractmethod
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
@@ -534,7 +538,8 @@ class MemoryStore(ABC):
         if not rows:
             return []
         self._vector_cache = self._vector_cache or VectorCache()
-        total = self._vector_cache.rows(agent_id, self._generation(agent_id),
+        generation = self._generation(agent_id)
+        total = self._vector_cache.rows(agent_id, generation,
                                         lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
         weight = self.diversity if diversity is None else diversity
@@ -544,14 +549,30 @@ class MemoryStore(ABC):
         hits = [hit(rows[c.key], score) for c, score in ranked]
         by_id = {h.node_id: h for h in hits}
         chosen = [Ranked(key=h.node_id, unit=h.kind == UNIT_KIND, score=h.score, covered_by=h.covered_by) for h in hits]
-        chosen = diversify(chosen, stands_for(chosen, lambda ids: self._children(agent_id, ids)), k, weight)
+        chosen = diversify(chosen, stands_for(chosen, lambda ids: self._children(agent_id, generation, ids)), k, weight)
         return [by_id[c.key].model_copy(update={"folds": c.folds}) if c.folds else by_id[c.key] for c in chosen]
 
-    def _children(self, agent_id: str, node_ids: list[str]) -> dict[str, list[str]]:
-        """The child ids of these live nodes (a batch node's are unit ids)."""
-        marks = ", ".join("?" for _ in node_ids)
-        sql = f"SELECT node_id, body FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks}) AND kind <> '{UNIT_KIND}'"
-        return {node_id: json.loads(body)["children"] for node_id, body in self._fetch(self._sql(sql), (agent_id, *node_ids))}
+    def _children(self, agent_id: str, generation: int | None, node_ids: list[str]) -> dict[str, list[str]]:
+        """The child ids of these live nodes (a batch node's are unit ids), kept while the agent's generation
+        stays (any write moves it on)."""
+        if self._children_cache is None:
+            self._children_cache = {}
+        key = (agent_id, generation or 0)
+        cached = self._children_cache.get(key) if generation is not None else None
+        if cached is None:
+            cached = {}
+            if generation is not None:
+                if len(self._children_cache) >= CHILDREN_CACHED_AGENTS:
+                    self._children_cache.pop(next(iter(self._children_cache)))
+                self._children_cache[key] = cached
+        missing = [n for n in node_ids if n not in cached]
+        if missing:
+            marks = ", ".join("?" for _ in missing)
+            sql = f"SELECT node_id, body FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks}) AND kind <> 'unit'"
+            found = {node_id: json.loads(body)["children"] for node_id, body in self._fetch(self._sql(sql),
+                                                                                             (agent_id, *missing))}
+            cached.update({n: found.get(n, []) for n in missing})
+        return {n: cached[n] for n in node_ids}
 
     def _cosines(self, agent_id: str, question: Any, also: Iterable[str]) -> dict[str, float]:
         """Cosines of the agent's nearest rows and of `also`: exact, on its cached matrix (store/vectors.py)."""
