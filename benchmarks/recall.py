@@ -39,7 +39,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from jobkit import batch_units, config_for, execute, write_lines  # noqa: E402
+from jobkit import apply_store, batch_units, config_for, execute, write_lines  # noqa: E402
 from strategies import add_job_arguments, fact_name, provider, settings  # noqa: E402
 
 from flink_memory.config import load_config  # noqa: E402
@@ -272,6 +272,7 @@ def run_size(base_url: str, args: argparse.Namespace, size: int, workdir: Path) 
     config = config_for(base_url, *settings(base_url, args))
     started = time.perf_counter()
     execute(build_job(config, str(input_path), str(output)), f"bench-recall-{size}", timeout_s=args.job_timeout_s)
+    apply_store(config, output)
     wall = time.perf_counter() - started
     covered = sum(batch_units(read_outputs(str(output))["summaries"]).values())
     if covered != len(records):

@@ -164,7 +164,7 @@ def questions(sample: list[str], n: int, seed: int = 11) -> list[str]:
     return list(found)
 
 
-def measure(location: str, embedder: Any, questions: list[str], mode: str) -> dict[str, Any]:
+def measure(location: str, embedder: Any, questions: list[str], mode: str, diversity: float) -> dict[str, Any]:
     """Latency of recall in one mode; every mode embeds its questions anew (the embedder's cache would serve
     the modes after the first, leaving the question's embedding out of their timings)."""
     embedder._cache.clear()
@@ -175,11 +175,11 @@ def measure(location: str, embedder: Any, questions: list[str], mode: str) -> di
         times = []
         for question in questions:
             started = time.perf_counter()
-            hits = store.recall("agent-0", question, k=5, mode=mode)
+            hits = store.recall("agent-0", question, k=5, mode=mode, diversity=diversity)
             times.append(1000 * (time.perf_counter() - started))
             assert hits, question
     times.sort()
-    return {"mode": mode, "queries": len(times), "first_ms": first_ms, "p50_ms": statistics.median(times),
+    return {"mode": mode, "diversity": diversity, "queries": len(times), "first_ms": first_ms, "p50_ms": statistics.median(times),
             "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "mean_ms": statistics.fmean(times)}
 
 
@@ -207,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bulk", action="store_true", help="PostgreSQL: build the HNSW index after the rows")
     parser.add_argument("--existing", action="store_true",
                         help="the store was built by this script with the same arguments: measure only")
+    parser.add_argument("--diversity", type=float, nargs="+", default=[1.0],
+                        help="recall.diversity values to measure in turn (e.g. 0 1: relevance alone as the baseline)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     embedder = embedder_for(load_config(None, [], environ={}).embeddings)
@@ -220,10 +222,10 @@ def main(argv: list[str] | None = None) -> int:
     asked = questions(sample, args.queries)
     results = {"store": "postgresql" if "://" in location else "sqlite", "agent_units": args.agent_units,
                "model": embedder.name, **built, "recall": []}
-    for mode in ("hybrid", "keyword", "vector"):
-        row = measure(location, embedder, asked, mode)
+    for mode, diversity in [(m, d) for m in ("hybrid", "keyword", "vector") for d in args.diversity]:
+        row = measure(location, embedder, asked, mode, diversity)
         results["recall"].append(row)
-        print(f"{mode:8s} p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  mean {row['mean_ms']:.1f} ms  "
+        print(f"{mode:8s} diversity {diversity:g}: p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  mean {row['mean_ms']:.1f} ms  "
               f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions)", flush=True)
     results["vector_top5_agreement"] = agreement(location, embedder, asked, keys, matrix)
     print(f"vector recall returns {results['vector_top5_agreement']:.3f} of the exact top 5", flush=True)

@@ -35,6 +35,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from jobkit import batch_units, config_for, items, write_lines  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
+from flink_memory.cli.run import Applier  # noqa: E402
 from flink_memory.flink.pipeline import build_job, create_environment, file_sink, file_source  # noqa: E402
 from flink_memory.outputs import read_outputs  # noqa: E402
 from flink_memory.summarize.prompts import request_purpose  # noqa: E402
@@ -45,7 +46,13 @@ def run_memory_job(workdir: Path, input_path: Path, server: ScriptedServer, *ove
     output = workdir / "out"
     config = config_for(server.base_url, "embeddings.provider=none", *overrides)
     started = time.perf_counter()
-    build_job(config, str(input_path), str(output)).execute("flink-memory-benchmark")
+    env = build_job(config, str(input_path), str(output))
+    output.mkdir(parents=True, exist_ok=True)
+    store = config.store.location(str(output))
+    applier = Applier(store, str(output), config) if store else None  # (as `flink-memory run`: the store
+    env.execute("flink-memory-benchmark")  # follows the committed log beside the job)
+    if applier is not None and (failed := applier.stop()) is not None:
+        raise SystemExit(f"the store applier failed: {failed}")
     return time.perf_counter() - started, read_outputs(str(output))
 
 

@@ -56,10 +56,15 @@ def run(tmp: Path, records: list[Any], server_url: str, *overrides: str, journal
     output = tmp / f"{name}-output"
     config = config_for(server_url, *overrides, journal=journal)
     execute(build_job(config, str(input_path), str(output)), name)
-    if (store := config.store.location(str(output))) is not None:  # what `flink-memory run`'s applier does
+    apply_store(config, output)
+    return read_outputs(str(output))
+
+
+def apply_store(config: Any, output: Path) -> None:
+    """What `flink-memory run`'s applier does once a job has ended: the committed memory log into the store."""
+    if (store := config.store.location(str(output))) is not None:
         with open_store(store, create=True) as opened:
             apply_committed(opened, output)
-    return read_outputs(str(output))
 
 
 def execute(env: Any, name: str, timeout_s: float = 600.0) -> None:
