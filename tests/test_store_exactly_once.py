@@ -1,4 +1,4 @@
-"""The store is exactly once too (DESIGN invariant 8, issue 31), on a MiniCluster: a failure after a batch node
+"""The store is exactly once too (docs/architecture.md, invariant 9; issue 31), on a MiniCluster: a failure after a batch node
 reached the merger, a replay that takes a forget first, and a reader polling the store all along.
 
 Attempt 1 summarizes agent-2's first batch and the merger takes its node; the merger then fails before any

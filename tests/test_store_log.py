@@ -1,6 +1,7 @@
-"""The store follows the committed memory log (DESIGN invariant 8): the merger numbers each agent's nodes and
-unit rows in the order they were decided, the applier writes only committed files, once each, and provisional
-rows live until the commit that confirms or disowns them. On the stage cores and on SQLite and PostgreSQL."""
+"""The store follows the committed memory log (docs/architecture.md, invariant 9): the batcher numbers each
+agent's unit rows and batch nodes, the merger its merges and globals, in the order they were decided; the
+applier writes only committed files, once each; provisional rows live until the commit that confirms or
+disowns them. On the stage cores and on SQLite and PostgreSQL."""
 
 import json
 import threading
