@@ -1,5 +1,6 @@
-"""The store is exactly once too (docs/architecture.md, invariant 9; issue 31), on a MiniCluster: a failure after a batch node
-reached the merger, a replay that takes a forget first, and a reader polling the store all along.
+"""The store is exactly once too (docs/architecture.md, invariant 9; issue 31), on a MiniCluster: a failure
+after a batch node reached the merger, a replay that takes a forget first, and a reader polling the store all
+along.
 
 Attempt 1 summarizes agent-2's first batch and the merger takes its node; the merger then fails before any
 checkpoint holds it. The replay reads the same input and, this time, the forget that follows it while the
