@@ -54,7 +54,8 @@ K = 5
 MAX_ITEMS, FAN_IN = 10, 4
 
 
-def multi_dataset(agents: int, people: int, seed: int = 11) -> tuple[list[MemoryUnit], list[tuple[str, str, list[str]]]]:
+def multi_dataset(agents: int, people: int, seed: int = 11
+                  ) -> tuple[list[MemoryUnit], list[tuple[str, str, list[str]]]]:
     """Notes per agent and the questions with their answers: (agent, question, answers)."""
     rng = random.Random(seed)
     names = Names(rng)
@@ -167,7 +168,8 @@ def main(argv: list[str] | None = None) -> int:
                                      "one_answer_other_words": round(at5["other_words"], 3),
                                      "recall_ms": round(1000 * statistics.mean(seconds), 2)})
                         r = rows[-1]
-                        print(f"[diverse] {summarizer:<17} {backend:<10} {mode:<7} diversity {diversity:.0f}: answers in the top {K} "
+                        print(f"[diverse] {summarizer:<17} {backend:<10} {mode:<7} diversity {diversity:.0f}: "
+                              f"answers in the top {K} "
                               f"{found}/{existing} = {r['multi_answer_share']:.2f}; one answer: literal "
                               f"{r['one_answer_literal']:.2f}, other words {r['one_answer_other_words']:.2f}; "
                               f"{r['recall_ms']:.1f} ms per recall", flush=True)
@@ -177,7 +179,8 @@ def main(argv: list[str] | None = None) -> int:
             stop_postgres(str(pg_base))
     lines = [f"| summaries | store | ranking | diversity | answers in the top {K} (of all that exist) | one answer, "
              f"literal | one answer, other words | ms per recall |", "|---|---|---|---|---|---|---|---|"]
-    lines += [f"| {r['summaries']} | {r['store']} | {r['mode']} | {r['diversity']:.0f} | {r['answers_found']}/{r['answers']} = "
+    lines += [f"| {r['summaries']} | {r['store']} | {r['mode']} | {r['diversity']:.0f} | "
+              f"{r['answers_found']}/{r['answers']} = "
               f"{r['multi_answer_share']:.2f} | {r['one_answer_literal']:.2f} | {r['one_answer_other_words']:.2f} | "
               f"{r['recall_ms']:.1f} |" for r in rows]
     print("\n".join(lines))

@@ -225,7 +225,8 @@ def main(argv: list[str] | None = None) -> int:
     for mode, diversity in [(m, d) for m in ("hybrid", "keyword", "vector") for d in args.diversity]:
         row = measure(location, embedder, asked, mode, diversity)
         results["recall"].append(row)
-        print(f"{mode:8s} diversity {diversity:g}: p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  mean {row['mean_ms']:.1f} ms  "
+        print(f"{mode:8s} diversity {diversity:g}: p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  "
+              f"mean {row['mean_ms']:.1f} ms  "
               f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions)", flush=True)
     results["vector_top5_agreement"] = agreement(location, embedder, asked, keys, matrix)
     print(f"vector recall returns {results['vector_top5_agreement']:.3f} of the exact top 5", flush=True)

@@ -27,7 +27,9 @@ def recall(store: MemoryStore, args: argparse.Namespace) -> list[Recalled]:
     mode = args.mode or ("hybrid" if store.embedding_model() else "keyword")
     if mode != "keyword":
         _load_embedder(store, args)
-    diversity = args.diversity if args.diversity is not None else load_config(args.config, args.overrides).recall.diversity
+    diversity = args.diversity
+    if diversity is None:
+        diversity = load_config(args.config, args.overrides).recall.diversity
     return store.recall(args.agent, args.query, k=args.k, mode=mode, diversity=diversity)
 
 

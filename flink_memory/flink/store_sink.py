@@ -1,13 +1,13 @@
-"""The store's provisional writer: unit rows shown the moment the merger logs them, before their commit.
+"""The store's provisional writer: unit rows shown the moment the batcher logs them, before their commit.
 
-The store follows the committed memory log (`<output>/memory/`, flink_memory.store.applier); this sink only
-writes what agents expect to find at once: an accepted unit as a provisional row, a deletion or a forget as
-rows hidden at once (`MemoryStore.write_provisional`, within 50 ms: flink_memory.store.provisional). Each is confirmed or removed by the commit that reaches
-its `seq`, so nothing a failed or zombie attempt wrote here outlives that commit. With `embeddings` (a
-provider other than none) the written rows are embedded on a thread of their own
-(flink_memory.store.backfill); closing waits (up to CLOSE_WAIT_S) for the last vectors. Reuse it in other
-jobs beside `add_file_sinks` (which writes the log): `add_store_sink(streams, "postgresql://...",
-config.embeddings)`, and run `flink-memory apply` on the output directory.
+The store follows the committed memory log (`<output>/memory/`, flink_memory.store.applier); this sink only writes
+what agents expect to find at once: an accepted unit as a provisional row, a deletion or a forget as rows hidden
+at once (`MemoryStore.write_provisional`, within 50 ms: flink_memory.store.provisional). Each is confirmed or
+removed by the commit that reaches its `seq`, and a write behind the committed position changes nothing
+(docs/output.md, "What a reader sees, and when"). With `embeddings` (a provider other than none) the written rows
+are embedded on a thread of their own (flink_memory.store.backfill); closing waits (up to CLOSE_WAIT_S) for the
+last vectors. Reuse it in other jobs beside `add_file_sinks` (which writes the log): `add_store_sink(streams,
+"postgresql://...", config.embeddings)`, and run `flink-memory apply` on the output directory.
 """
 
 from __future__ import annotations

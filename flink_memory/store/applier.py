@@ -1,13 +1,13 @@
 """The store follows the committed memory log: the applier writes it from committed files only.
 
 The job writes each agent's store changes (nodes and unit rows, numbered per agent and writer:
-stages.unit_rows.LogEntry) to `<output>/memory/` with Flink's exactly-once file sink, which makes a part file visible only when the
-checkpoint holding it completes (in-progress files are hidden: their names start with a dot). The applier
-reads each new committed file and applies, in one store transaction per file, the entries that continue each
-agent's stored positions (one per log), with the new positions and the file's name (`MemoryStore.apply_log`). What a failed
-attempt wrote was never committed, so it never reaches the store; a restarted or second applier compares
-positions and can neither skip nor repeat an entry. Entries that wait for an earlier one (in a file not seen
-yet, e.g. after a rescale) are kept until it comes.
+stages.unit_rows.LogEntry) to `<output>/memory/` with Flink's exactly-once file sink, which makes a part file
+visible only when the checkpoint holding it completes (in-progress files are hidden: their names start with a
+dot). The applier reads each new committed file and applies, in one store transaction per file, the entries that
+continue each agent's stored positions (one per log), with the new positions and the file's name
+(`MemoryStore.apply_log`). What a failed attempt wrote was never committed, so it never reaches the store; a
+restarted or second applier compares positions and can neither skip nor repeat an entry. Entries that wait for an
+earlier one (in a file not seen yet, e.g. after a rescale) are kept until it comes.
 
 Run it beside the job: `flink-memory run` does; on a cluster, `flink-memory apply --output DIR --follow`.
 """

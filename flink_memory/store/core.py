@@ -48,8 +48,9 @@ _WORD = re.compile(r"[^\W_]+")
 class Recalled(BaseModel):
     """One recall hit and its score (higher is better): a live node (`kind` batch | merge | global), or a
     memory unit (`kind` unit, level 0: `node_id` is the unit id, `covered_by` the batch node that holds it,
-    absent until its batch is summarized; `provisional` while its checkpoint has not committed). `first_ts`..`last_ts` is the time range covered (a unit: its
-    time). `covered_by` appears in the JSON of unit hits only."""
+    absent until its batch is summarized; `provisional` while its checkpoint has not committed). `first_ts`..
+    `last_ts` is the time range covered (a unit: its time). `covered_by` appears in the JSON of unit hits only;
+    `folds` names the hits it stands for, left out of the list (flink_memory.store.diversity)."""
 
     model_config = ConfigDict(frozen=True)
 

@@ -1,14 +1,15 @@
 """Results that cover distinct memory: a covering rule over the summary tree, weighed like maximal marginal
 relevance, in plain Python (both stores use it).
 
-A hit stands for memory units that matched the question: a unit for itself, a summary node for the matching
-units below it (the candidate units whose batch node is the node or one of its descendants). Hits are taken
-greedily, best marginal score first, where a hit's marginal score is its relevance times `1 - weight * r`, and
-`r` the share of the units it stands for that the hits already taken stand for. A summary whose matching units
-is one candidate unit scoring at least EXPLAINS of it is shown as that unit (the same memory in one slot, as
-its original text); a summary of several matching units takes one slot for them all. A hit whose units are all shown already takes no slot at weight 1 (below 1 it is only
-ranked lower). A node with no matching unit below it (it matched on its own summary: a period, a person, a
-theme) adds what no unit holds and keeps its place. With weight 0 the ranking is relevance alone.
+A hit stands for memory units that matched the question: a unit for itself, a summary node for the matching units
+below it (the candidate units whose batch node is the node or one of its descendants). Hits are taken greedily,
+best marginal score first, where a hit's marginal score is its relevance times `1 - weight * r`, and `r` the share
+of the units it stands for that the hits already taken stand for. A summary whose matching units is one candidate
+unit scoring at least EXPLAINS of it is shown as that unit (the same memory in one slot, as its original text); a
+summary of several matching units takes one slot for them all. A hit whose units are all shown already takes no
+slot at weight 1 (below 1 it is only ranked lower). A node with no matching unit below it (it matched on its own
+summary: a period, a person, a theme) adds what no unit holds and keeps its place. With weight 0 the ranking is
+relevance alone.
 
 A hit that was left out for repeating one taken before is named in that hit's `folds`, so nothing found is
 hidden: the unit is one `children` call away, the node one `node` call away.
@@ -38,7 +39,8 @@ class Ranked:
     folds: list[str] = field(default_factory=list)
 
 
-def stands_for(hits: Sequence[Ranked], children: Callable[[list[str]], dict[str, list[str]]]) -> dict[str, frozenset[str]]:
+def stands_for(hits: Sequence[Ranked], children: Callable[[list[str]], dict[str, list[str]]]
+               ) -> dict[str, frozenset[str]]:
     """The matching units each hit stands for. `children(node_ids)` gives nodes' child ids (a batch node's
     are unit ids); it is asked level by level for the nodes below the hits, down to the batch nodes."""
     units = {h.key: h for h in hits if h.unit}
