@@ -47,7 +47,7 @@ def report(output_dir: str, wall_s: float) -> str:
         f"  tokens                  : {int(stats.get('prompt_tokens', 0))} prompt, "
         f"{int(stats.get('completion_tokens', 0))} completion",
         f"  wall time               : {wall_s:.1f} s",
-        f"  output                  : {Path(output_dir).resolve()}/{{summaries,manifests,dead-letters}}",
+        f"  output                  : {Path(output_dir).resolve()}/{{summaries,manifests,dead-letters,memory}}",
     ]
     agent = featured_agent(nodes)
     if agent is not None:
