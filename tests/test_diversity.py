@@ -104,3 +104,11 @@ def test_four_planted_vault_codes_come_back_as_four_facts_in_the_top_5(tmp_path,
             repeated = sum(1 for c in codes for h in plain if c in h.text) > len({c for c in codes for h in plain
                                                                                   if c in h.text})
             assert repeated  # (relevance alone spends slots on a fact twice: the defect this fixes)
+
+
+def test_by_keyword_a_summary_whose_terms_its_one_unit_holds_is_shown_as_the_unit():
+    # (a short summary outscores its unit by length alone: "Summary: Alice Fitzwell 9182" against the note)
+    ranked = [Ranked(key="batch-1", unit=False, score=1.0, terms=frozenset({"9182"})),
+              Ranked(key="a", unit=True, score=0.5, covered_by="batch-1", terms=frozenset({"9182"}))]
+    taken = diversify(ranked, stands_for(ranked, children), k=3, weight=1.0)
+    assert [h.key for h in taken] == ["a"] and taken[0].folds == ["batch-1"]

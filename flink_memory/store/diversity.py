@@ -37,6 +37,7 @@ class Ranked:
     score: float
     covered_by: str | None = None
     folds: list[str] = field(default_factory=list)
+    terms: frozenset[str] = frozenset()  # the question's terms it holds (keyword recall only; else empty)
 
 
 def stands_for(hits: Sequence[Ranked], children: Callable[[list[str]], dict[str, list[str]]]
@@ -75,13 +76,15 @@ def stands_for(hits: Sequence[Ranked], children: Callable[[list[str]], dict[str,
 
 def _explaining(node: Ranked, units: set[str] | frozenset[str], left: list[Ranked]) -> list[Ranked]:
     """The node's one unshown matching unit when it explains the node's relevance (a candidate scoring at least
-    EXPLAINS of the node): the same memory in one slot, as its original text. Else [] and the node keeps its
+    EXPLAINS of the node, or, by keyword, holding every question term the node holds): the same memory in one
+    slot, as its original text. Else [] and the node keeps its
     place: it stands for several matching units in one slot, or it matched beyond them (by the meaning of its
     summary)."""
     found = [u for u in left if u.unit and u.key in units]
-    if len(units) != 1 or len(found) != 1 or found[0].score < EXPLAINS * node.score:
+    if len(units) != 1 or len(found) != 1:
         return []
-    return found
+    holds_its_terms = bool(node.terms) and found[0].terms >= node.terms  # (keyword: every term the node matched)
+    return found if holds_its_terms or found[0].score >= EXPLAINS * node.score else []
 
 
 def diversify(ranked: Sequence[Ranked], covers: dict[str, frozenset[str]], k: int, weight: float) -> list[Ranked]:

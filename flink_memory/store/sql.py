@@ -548,7 +548,13 @@ class MemoryStore(ABC):
         ranked = rank(terms, candidates, total, k * WINDOW, mode, fusion, counts=counts)
         hits = [hit(rows[c.key], score) for c, score in ranked]
         by_id = {h.node_id: h for h in hits}
-        chosen = [Ranked(key=h.node_id, unit=h.kind == UNIT_KIND, score=h.score, covered_by=h.covered_by) for h in hits]
+        def terms(candidate: Candidate) -> frozenset[str]:
+            if mode != "keyword":
+                return frozenset()
+            return frozenset(t for t, n in zip(counts.stems, counts.of(candidate.text)[0]) if n)
+
+        chosen = [Ranked(key=h.node_id, unit=h.kind == UNIT_KIND, score=h.score, covered_by=h.covered_by,
+                         terms=terms(c)) for h, (c, _) in zip(hits, ranked)]
         chosen = diversify(chosen, stands_for(chosen, lambda ids: self._children(agent_id, generation, ids)), k, weight)
         return [by_id[c.key].model_copy(update={"folds": c.folds}) if c.folds else by_id[c.key] for c in chosen]
 
