@@ -101,16 +101,17 @@ HIDDEN_KIND = "hidden"  # a committed unit a deletion or forget not committed ye
 # A committed unit row: hidden at once (and until the commit that reaches it) when a deletion of a later seq is
 # pending, so an older commit applied late cannot show a deleted unit again
 _HIDING = (f"FROM {PENDING_DELETES} d WHERE d.agent_id = ? AND d.unit_id IN (?, '*') AND d.seq > ?")
+# what an upsert of a unit row sets on conflict (its old vector only when its text stays)
+_SET_UNIT_ROW = ("ON CONFLICT (agent_id, node_id) DO UPDATE SET "
+                 + ", ".join(f"{c} = excluded.{c}" for c in (*COLUMNS[2:], "pending_seq"))
+                 + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END")
 UPSERT_UNIT = (
     f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT "
     + ", ".join(f"CASE WHEN EXISTS (SELECT 1 {_HIDING}) THEN '{HIDDEN_KIND}' ELSE ? END" if c == "kind" else "?"
                 for c in COLUMNS)
-    + f", (SELECT MAX(d.seq) {_HIDING}) WHERE true "
-    f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in (*COLUMNS[2:], "pending_seq"))
+    + f", (SELECT MAX(d.seq) {_HIDING}) WHERE true {_SET_UNIT_ROW}"
     # an update's new text: not the old batch node's (a replacement of that node must not remove it with
-    # the units it dropped), and its old vector is not its vector
-    + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
+    # the units it dropped)
     + f", covered_by = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.covered_by END"
     # (the same unit again, e.g. a confirmed provisional row: untouched)
     + f" WHERE {NODES}.body <> excluded.body OR {NODES}.kind <> excluded.kind"
@@ -131,9 +132,7 @@ FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND ({COMMITTED_UNIT})"
 AHEAD = f"? > COALESCE((SELECT p.batcher_seq FROM {POSITIONS} p WHERE p.agent_id = ?), 0)"
 UPSERT_PENDING = (
     f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT {', '.join('?' for _ in COLUMNS)}, ? "
-    f"WHERE {AHEAD} ON CONFLICT (agent_id, node_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in (*COLUMNS[2:], "pending_seq"))
-    + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
+    f"WHERE {AHEAD} {_SET_UNIT_ROW}"
 )
 HIDE_UNIT = (f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND node_id = ? AND "
              f"kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND {AHEAD}")
@@ -158,8 +157,8 @@ APPLIED_FILE = f"INSERT INTO {APPLIED} (name) VALUES (?) ON CONFLICT DO NOTHING"
 CHILDREN_CACHED_AGENTS = 64  # agents whose nodes' child ids a reader keeps (recall's diversity)
 NO_SEQ = 2**62  # (a unit written outside the log: no pending deletion is of a later seq)
 CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
-NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind NOT IN ('{UNIT_KIND}', 'hidden')"
-ALL_OF_AGENT = (f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind NOT IN ('{UNIT_KIND}', 'hidden') "
+NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind NOT IN ('{UNIT_KIND}', '{HIDDEN_KIND}')"
+ALL_OF_AGENT = (f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind NOT IN ('{UNIT_KIND}', '{HIDDEN_KIND}') "
                 "ORDER BY steps, node_id")
 UNITS_OF_AGENT = f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' ORDER BY node_id"
 ROWS_OF_AGENT = f"SELECT count(*) FROM {NODES} WHERE agent_id = ?"
@@ -351,8 +350,9 @@ class MemoryStore(ABC):
         """Show unit-rows messages at once, before their commit, in one transaction: accepted units as provisional
         rows; a deletion or a forget removes the units' rows now and stays pending until the commit that reaches
         its `seq`."""
+        messages = messages if isinstance(messages, list) else [messages]
         statements: list[tuple[str, tuple[Any, ...]]] = []
-        for rows in messages if isinstance(messages, list) else [messages]:
+        for rows in messages:
             agent, ahead = rows.agent_id, (rows.seq, rows.agent_id)
             if rows.forget:
                 statements += [(self._sql(HIDE_UNITS), (rows.seq, agent, *ahead)),
@@ -365,8 +365,7 @@ class MemoryStore(ABC):
             statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq, *ahead))
                            for u in rows.upsert]
         if statements:
-            agents = sorted({rows.agent_id for rows in (messages if isinstance(messages, list) else [messages])})
-            self._commit(agents, statements)
+            self._commit(sorted({rows.agent_id for rows in messages}), statements)
 
     def log_position(self, agent_id: str) -> tuple[int, int]:
         """(the agent's merger log applied so far, its batcher log applied so far): their last seqs, 0 if none."""
