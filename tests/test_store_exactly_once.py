@@ -40,6 +40,7 @@ class Reader(threading.Thread):
         super().__init__(daemon=True)
         self.url, self.output = url, output
         self.stop, self.seen, self.unexplained = threading.Event(), set(), []
+        self.passes = 0  # full reads of the store
 
     def run(self):
         while not self.stop.wait(0.2):
@@ -58,6 +59,7 @@ class Reader(threading.Thread):
                         break
                     time.sleep(0.2)
                 self.seen.add(key)
+            self.passes += 1
 
     def _ever_committed(self):
         return {(n["agent_id"], n["node_id"]) for n in read_outputs(str(self.output))["summaries"]}
@@ -110,6 +112,10 @@ def test_a_forgotten_agents_node_of_a_failed_attempt_never_reaches_the_store(tmp
                 return bool(mine) and current is not None and current.item_count == 1 and units == ["m10"]
 
             wait_for(settled, timeout_s=180)
+            # one checkpoint may commit every node at once, a moment before `settled` sees it: the reader reads
+            # the settled store too before it stops
+            passes = reader.passes
+            wait_for(lambda: reader.passes >= passes + 2, timeout_s=60)
         finally:  # (the reader stops first: a cancelled job may commit one sink's last files and not another's)
             reader.stop.set()
             reader.join()
