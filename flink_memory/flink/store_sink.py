@@ -4,9 +4,9 @@ The store follows the committed memory log (`<output>/memory/`, flink_memory.sto
 what agents expect to find at once: an accepted unit as a provisional row, a deletion or a forget as rows hidden
 at once (`MemoryStore.write_provisional`, within 50 ms: flink_memory.store.provisional). Each is confirmed or
 removed by the commit that reaches its `seq`, and a write behind the committed position changes nothing
-(docs/output.md, "What a reader sees, and when"). With `embeddings` (a provider other than none) the written rows
-are embedded on a thread of their own (flink_memory.store.backfill); closing waits (up to CLOSE_WAIT_S) for the
-last vectors. Reuse it in other jobs beside `add_file_sinks` (which writes the log): `add_store_sink(streams,
+(docs/output.md, "What a reader sees, and when"). With `embeddings` (a provider other than none) each write
+carries its rows' vectors when the model is fast enough (the default static one); a slower model's are computed
+on a thread of their own (flink_memory.store.backfill), and closing waits (up to CLOSE_WAIT_S) for the last ones. Reuse it in other jobs beside `add_file_sinks` (which writes the log): `add_store_sink(streams,
 "postgresql://...", config.embeddings)`, and run `flink-memory apply` on the output directory.
 """
 
@@ -43,8 +43,9 @@ class WriteProvisional(ProcessFunction):
 
     def open(self, runtime_context: RuntimeContext) -> None:
         embedder = embedder_for(self.embeddings) if self.embeddings is not None else None
-        self.store = open_store(self.url, create=True)
-        self.vectors = VectorBackfill(self.url, embedder) if embedder is not None else None
+        inline = embedder is not None and embedder.inline  # (else vectors follow on a thread of their own)
+        self.store = open_store(self.url, create=True, embedder=embedder if inline else None)
+        self.vectors = VectorBackfill(self.url, embedder) if embedder is not None and not inline else None
         self.writer = WriteBehind(self.store, self.vectors.name if self.vectors is not None else None)
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:

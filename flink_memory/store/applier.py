@@ -122,7 +122,7 @@ class LogApplier:
                         for entry in run:
                             del self.waiting[log_key][entry.seq]
                         self.entries += len(run)
-                    if self.store.embedder is not None and chunk:
+                    if self.store.embedder is not None and not self.store.embeds_in_writes and chunk:
                         self.store.embed_pending(sorted(chunk))
             except PositionConflict:
                 self.positions.clear()

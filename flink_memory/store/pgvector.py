@@ -95,6 +95,11 @@ def create_index(conn: Any, dim: int) -> None:
                          f"((vector::vector({int(dim)})) vector_ip_ops) WHERE {BUCKET} = {bucket}")
 
 
+def drop_index(conn: Any) -> None:
+    for bucket in range(BUCKETS):
+        conn.execute(f"DROP INDEX IF EXISTS {INDEX}_{bucket}")
+
+
 def text(vector: Any) -> str:
     """pgvector's text form of a float32 vector (9 significant digits: the same float32 read back)."""
     return "[" + ",".join(f"{x:.9g}" for x in vector.tolist()) + "]"

@@ -11,6 +11,7 @@ exactly in memory (flink_memory.store.vectors), as on SQLite; the writer logs wh
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from flink_memory.databases import PostgresConnection, redact_url
@@ -166,10 +167,23 @@ class PostgresStore(MemoryStore):
             self._indexed = True
         return known
 
-    def _cosines(self, agent_id: str, question: Any, also: Any) -> dict[str, float]:
+    def forget_vectors(self) -> int:
+        """Also drops the HNSW indexes: they index one dimension (the next model's are built at its first write)."""
+        if self.vectors.extension:
+            def drop(conn: Any) -> None:
+                with conn.transaction():
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
+                    pgvector.drop_index(conn)
+
+            self._db.run(drop)
+            self._indexed = False
+        return super().forget_vectors()
+
+    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
         if not self.vectors.extension:
-            return super()._cosines(agent_id, question, also)
-        return self._db.run(lambda conn: self.vectors.cosines(conn, agent_id, question, VECTOR_CANDIDATES, also))
+            return super()._nearest_meanwhile(agent_id, question)
+        return lambda also: self._db.run(
+            lambda conn: self.vectors.cosines(conn, agent_id, question(), VECTOR_CANDIDATES, also))
 
     def close(self) -> None:
         self._db.close()

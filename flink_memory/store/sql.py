@@ -32,8 +32,9 @@ Reads return `SummaryNode` models (`flink_memory.records`) and `Recalled` hits, 
 from __future__ import annotations
 
 import json
+import threading
 from abc import ABC, abstractmethod
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from flink_memory.databases import is_postgres
@@ -51,8 +52,7 @@ from flink_memory.store.core import (
 )
 from flink_memory.store.diversity import DIVERSITY, WINDOW, Ranked, diversify, stands_for
 from flink_memory.store.ranking import Candidate, Fusion, TermCounts, rank
-from flink_memory.store.vectors import VectorCache
-from flink_memory.store.vectors import cosines as nearest_cosines
+from flink_memory.store.vectors import VectorCache, cosines, nearest
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
@@ -216,7 +216,8 @@ def hit(row: tuple[Any, ...], score: float) -> Recalled:
 class MemoryStore(ABC):
     """Upserts and reads on one schema; `open_store` picks the store. Use as a context manager.
 
-    With an `embedder`, writes embed their rows after committing them and recall can rank by meaning."""
+    With an `embedder`, writes embed their rows (in the write itself when the embedder is `inline`, else after
+    committing them) and recall can rank by meaning."""
 
     placeholder = "?"
     location: str
@@ -225,6 +226,7 @@ class MemoryStore(ABC):
     missing_table: tuple[type[Exception], ...] = ()  # what the driver raises for a table that is not there
     _vector_cache: VectorCache | None = None  # this reader's per-agent matrices and row counts
     _children_cache: dict[tuple[str, int], dict[str, list[str]]] | None = None  # (agent, generation): node -> ids
+    _model_recorded = False  # this writer checked (and recorded) its embedder's model
 
     @abstractmethod
     def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]: ...
@@ -287,7 +289,8 @@ class MemoryStore(ABC):
             return 0
         agents = sorted({n.agent_id for n in parsed})
         self._commit(agents, self._node_statements(parsed))
-        self.embed_pending(agents)
+        if not self.embeds_in_writes:
+            self.embed_pending(agents)
         return len(parsed)
 
     def _node_statements(self, nodes: list[SummaryNode]) -> list[tuple[str, tuple[Any, ...]]]:
@@ -303,7 +306,7 @@ class MemoryStore(ABC):
                                                    node.node_id)) for unit in node.children]
         for node in nodes:
             statements += [(self._sql(UNCOVERED), (node.agent_id, old)) for old in node.replaces]
-        return statements
+        return statements + self._vector_statements([(n.agent_id, n.node_id, n.text) for n in nodes])
 
     def _unit_statements(self, units: list[MemoryUnit], seq: int = NO_SEQ) -> list[tuple[str, tuple[Any, ...]]]:
         statements = []
@@ -315,7 +318,25 @@ class MemoryStore(ABC):
             row = unit_row(unit)
             hiding = (unit.agent_id, unit.unit_id, seq)
             statements.append((self._sql(UPSERT_UNIT), (*row[:2], *hiding, *row[2:], *hiding)))
-        return statements
+        embedded = self._vectored(units) if seq != NO_SEQ else set()
+        return statements + self._vector_statements([(u.agent_id, UNIT_PREFIX + u.unit_id, u.text) for u in units
+                                                     if (u.agent_id, u.unit_id, text_digest(u.text)) not in embedded])
+
+    def _vectored(self, units: list[MemoryUnit]) -> set[tuple[str, str, str]]:
+        """(agent, unit id, digest) of these units whose row, committed or provisional (which the commit
+        renames), already has a vector of that text: a writer that embeds in its writes does not again."""
+        if not units or not self.embeds_in_writes:
+            return set()
+        found: set[tuple[str, str, str]] = set()
+        by_agent: dict[str, list[str]] = {}
+        for unit in units:
+            by_agent.setdefault(unit.agent_id, []).extend((UNIT_PREFIX + unit.unit_id, PENDING_PREFIX + unit.unit_id))
+        for agent, keys in by_agent.items():
+            sql = (f"SELECT node_id, digest FROM {NODES} WHERE agent_id = ? AND node_id IN "
+                   f"({', '.join('?' for _ in keys)}) AND vector IS NOT NULL")
+            for key, digest in self._fetch(self._sql(sql), (agent, *keys)):
+                found.add((agent, key.split(":", 1)[1], digest))
+        return found
 
     def upsert_units(self, units: Iterable[MemoryUnit | dict[str, Any] | str]) -> int:
         """Write memory units (committed rows) idempotently; a unit whose text changed (an update) loses its
@@ -325,7 +346,8 @@ class MemoryStore(ABC):
             return 0
         agents = sorted({u.agent_id for u in parsed})
         self._commit(agents, self._unit_statements(parsed))
-        self.embed_pending(agents)
+        if not self.embeds_in_writes:
+            self.embed_pending(agents)
         return len(parsed)
 
     def delete_units(self, agent_id: str, unit_ids: Iterable[str]) -> None:
@@ -364,6 +386,8 @@ class MemoryStore(ABC):
                                (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq, *ahead))]
             statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq, *ahead))
                            for u in rows.upsert]
+        statements += self._vector_statements([(u.agent_id, PENDING_PREFIX + u.unit_id, u.text)
+                                               for rows in messages for u in rows.upsert])
         if statements:
             self._commit(sorted({rows.agent_id for rows in messages}), statements)
 
@@ -434,6 +458,36 @@ class MemoryStore(ABC):
                              f"not {embedder.name} ({embedder.dim}): set embeddings.provider and embeddings.model "
                              "to the store's, or recall with --mode keyword")
         return True
+
+    def forget_vectors(self) -> int:
+        """Drop every vector and the record of their model, in one transaction, so that `embed_pending` gives
+        each row a vector of another model (the first vector written records it). Returns the rows cleared.
+        Stop the job's writers first, or restart them with the new model: a writer of the old model would
+        record it again."""
+        count = self.vector_counts()[1]
+        self._write([], [(f"UPDATE {NODES} SET vector = NULL WHERE vector IS NOT NULL", ()),
+                         (f"DELETE FROM {META} WHERE key IN ('embedding_model', 'embedding_dim')", ())])
+        self._model_recorded = False
+        return count
+
+    @property
+    def embeds_in_writes(self) -> bool:
+        """Whether writes carry their rows' vectors (an embedder fast enough to run inside the write, such as
+        the static model); else `embed_pending` gives them after the commit, or a background thread does."""
+        return self.embedder is not None and self.embedder.inline
+
+    def _vector_statements(self, rows: list[tuple[str, str, str]]) -> list[tuple[str, tuple[Any, ...]]]:
+        """SET_VECTOR statements for (agent, row key, text) just upserted in the same transaction, when writes
+        carry their vectors (`embeds_in_writes`); none otherwise."""
+        rows = [row for row in rows if row[2]]
+        if not rows or not self.embeds_in_writes:
+            return []
+        assert self.embedder is not None
+        if not self._model_recorded:
+            self._model_recorded = self._check_model(self.embedder, record=True)
+        vectors = self.embedder.passages([text for _, _, text in rows])
+        return [(self._sql(SET_VECTOR), (self._vector_value(v), agent, key, text_digest(text)))
+                for (agent, key, text), v in zip(rows, vectors)]
 
     def embed_pending(self, agents: Iterable[str]) -> int:
         """Embed the agents' rows that have no vector yet (reusing the vector of a live row with the same
@@ -518,15 +572,16 @@ class MemoryStore(ABC):
             raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
         embedder = self.embedder if mode != "keyword" else None  # (the question embedded while the store searches:)
         question = embedder.query_meanwhile(query) if embedder and self._check_model(embedder, record=False) else None
+        by_meaning = self._nearest_meanwhile(agent_id, question) if question is not None else None
         counts = TermCounts(terms)
+        rows: dict[str, tuple[Any, ...]] = {}
         try:
             rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
             for row in rows.values() if question is not None else ():
-                counts.of(row[4])  # (while the question is embedded)
+                counts.of(row[4])  # (while the question is embedded and searched)
         finally:
-            vector = question() if question is not None else None
-        cosines = self._cosines(agent_id, vector, rows) if vector is not None else {}
-        missing = [key for key in sorted(cosines, key=lambda key: -cosines[key])[:VECTOR_CANDIDATES] if key not in rows]
+            scores = by_meaning(rows) if by_meaning is not None else {}
+        missing = [key for key in sorted(scores, key=lambda key: -scores[key])[:VECTOR_CANDIDATES] if key not in rows]
         if missing:
             sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
             rows.update((row[0], row) for row in self._fetch(self._sql(sql), (agent_id, *missing)))
@@ -540,7 +595,7 @@ class MemoryStore(ABC):
         generation = self._generation(agent_id)
         total = self._vector_cache.rows(agent_id, generation,
                                         lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
-        candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=cosines.get(key)) for key, row in rows.items()]
+        candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key)) for key, row in rows.items()]
         weight = self.diversity if diversity is None else diversity
         if weight <= 0:
             return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion, counts=counts)]
@@ -579,12 +634,34 @@ class MemoryStore(ABC):
             cached.update({n: found.get(n, []) for n in missing})
         return {n: cached[n] for n in node_ids}
 
-    def _cosines(self, agent_id: str, question: Any, also: Iterable[str]) -> dict[str, float]:
-        """Cosines of the agent's nearest rows and of `also`: exact, on its cached matrix (store/vectors.py)."""
+    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
+        """Cosines of the agent's nearest rows, searched exactly on its cached matrix (store/vectors.py) in a
+        thread while the caller searches by keyword; the result, given the keyword rows, adds their cosines and
+        waits for the search (or raises what it raised). The caller calls it, also on errors."""
         self._vector_cache = self._vector_cache or VectorCache()
         vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),
                                              lambda agent: self._fetch(self._sql(VECTORS_OF_AGENT), (agent,)))
-        return nearest_cosines(vectors, question, VECTOR_CANDIDATES, also)
+        found: list[tuple[Any, list[int]]] = []
+        failed: list[BaseException] = []
+
+        def search() -> None:
+            try:
+                vector = question()
+                found.append((vector, nearest(vectors, vector, VECTOR_CANDIDATES)))
+            except BaseException as exc:  # re-raised in the caller's thread
+                failed.append(exc)
+
+        thread = threading.Thread(target=search, name="recall-by-meaning", daemon=True)
+        thread.start()
+
+        def result(also: Iterable[str]) -> dict[str, float]:
+            thread.join()
+            if failed:
+                raise failed[0]
+            vector, rows = found[0]
+            return cosines(vectors, vector, rows, also)
+
+        return result
 
     def __enter__(self) -> MemoryStore:
         return self

@@ -73,17 +73,22 @@ class VectorCache:
         return loaded
 
 
-def cosines(vectors: AgentVectors, question: np.ndarray, nearest: int, also: Iterable[str]) -> dict[str, float]:
-    """Cosine of the `nearest` rows closest to the (unit) question vector, and of the rows `also` names."""
+def nearest(vectors: AgentVectors, question: np.ndarray, count: int) -> list[int]:
+    """The rows of the `count` largest cosines with the (unit) question, in no order: one matrix product,
+    which releases the GIL (a recall runs it while the store searches by keyword)."""
     import numpy as np
 
     if not vectors.keys:
-        return {}
+        return []
     scores = vectors.matrix @ question
-    top = np.argpartition(-scores, nearest - 1)[:nearest] if len(scores) > nearest else np.arange(len(scores))
-    rows = dict.fromkeys(top.tolist())
-    rows.update((i, None) for i in (vectors.index.get(key) for key in also) if i is not None)
-    picked = list(rows)
+    return (np.argpartition(-scores, count - 1)[:count] if len(scores) > count else np.arange(len(scores))).tolist()
+
+
+def cosines(vectors: AgentVectors, question: np.ndarray, rows: list[int], also: Iterable[str]) -> dict[str, float]:
+    """Exact cosines of `rows` (from `nearest`) and of the rows `also` names, by key."""
+    picked = list(dict.fromkeys([*rows, *(i for i in (vectors.index.get(key) for key in also) if i is not None)]))
+    if not picked:
+        return {}
     return dict(zip([vectors.keys[i] for i in picked], exact_cosines(vectors.matrix[picked], question)))
 
 
