@@ -4,12 +4,12 @@
 
 Builds a store (SQLite; PostgreSQL with --store postgresql://...) of `--rows` memory units: `--agent-units` of them
 belong to the measured agent, the rest to `--others` other agents. Rows go in through `upsert_units` (the
-job's write path: full-text index included), in chunks, timed as rows/s. Their vectors are synthetic unit
-vectors of the embedding model's dimension, written through the store's own vector statement (embedding a
-million texts with the offline model is not possible here: about 30 passages/s per core): by default of a low
+job's write path: full-text index included), in chunks, timed as rows/s. Their vectors are the texts' own,
+by the configured embedding model (`--vectors model`, the default: the static model embeds a million texts
+in about a minute), written through the store's own vector statement; or synthetic unit vectors of the
+model's dimension (for a model too slow to embed a million texts): `--vectors structured`, of a low
 intrinsic dimension, as text embeddings are (a 32-dimensional gaussian mapped into the model's space, plus
-noise), since random unit vectors in 384 dimensions have no near neighbours that an approximate index such as
-HNSW could find; `--vectors random` for those. An exact search costs the same whatever the vectors hold.
+noise), or `--vectors random` (no near neighbours, which an approximate index cannot find).
 `--bulk` (PostgreSQL) loads the vectors first and builds the HNSW index after, timed on its own. Then `--queries` distinct questions (three words of one of
 the agent's units) are recalled in hybrid mode with the real embedding model, so each timing includes
 embedding the question; p50/p99 are printed per mode. The first recall (which loads the agent's vectors) is
@@ -41,14 +41,16 @@ from flink_memory.store import open_store  # noqa: E402
 from flink_memory.store.sql import SET_VECTOR, text_digest  # noqa: E402
 
 LATENT, NOISE = 32, 0.3  # the synthetic vectors' intrinsic dimension and noise
-SYLLABLES = ["ka", "lo", "mi", "ne", "ru", "sa", "to", "vi", "ze", "qu", "bra", "del", "for", "gin", "hal", "jor"]
 
 
 def vocabulary(rng: random.Random, size: int) -> list[str]:
-    words: set[str] = set()
-    while len(words) < size:
-        words.add("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 4))))
-    return sorted(words)
+    """`size` English words (the static model's word list: the most frequent first), shuffled."""
+    from importlib import resources
+
+    listed = json.loads(resources.files("flink_memory.embeddings").joinpath("data", "e5-static.json").read_text())
+    words = [w for w in listed["words"] if w.isalpha()][:size]
+    rng.shuffle(words)
+    return words
 
 
 def texts(rng: random.Random, vocab: list[str], n: int) -> list[str]:
@@ -87,7 +89,8 @@ def build(location: str, args: argparse.Namespace, embedder: Any) -> tuple[dict[
                 started = time.perf_counter()
                 store.upsert_units(units)
                 write_s += time.perf_counter() - started
-                matrix = unit_vectors(vectors_rng, len(units), basis, args.vectors)
+                matrix = (embedder.passages(batch) if args.vectors == "model"
+                          else unit_vectors(vectors_rng, len(units), basis, args.vectors))
                 if agent == "agent-0":
                     matrices.append(matrix)
                 started = time.perf_counter()
@@ -203,7 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=5000, help="units per upsert_units call")
     parser.add_argument("--queries", type=int, default=200)
     parser.add_argument("--store", help="SQLite path or postgresql:// URL (default: a temporary SQLite file)")
-    parser.add_argument("--vectors", choices=("structured", "random"), default="structured")
+    parser.add_argument("--vectors", choices=("model", "structured", "random"), default="model",
+                        help="model: the texts' vectors by the configured model; else synthetic (see above)")
     parser.add_argument("--bulk", action="store_true", help="PostgreSQL: build the HNSW index after the rows")
     parser.add_argument("--existing", action="store_true",
                         help="the store was built by this script with the same arguments: measure only")

@@ -119,6 +119,6 @@ def test_the_distillation_rebuilds_a_table_the_model_loads(tmp_path):
     model = StaticE5(data=tmp_path)
     words = json.loads((tmp_path / "e5-static.json").read_text())["words"]
     assert "the" in words and len(words) <= 60 + 5 * len(distill.OTHER_LANGUAGES)
-    assert model.name == f"e5-static:{len(words)}w200p384"
+    assert model.name == f"e5-static:{len(words)}w200p256" and model.dim == 256
     vector = model.passages(["the people of the world"])[0]
     assert np.isclose(np.linalg.norm(vector), 1)

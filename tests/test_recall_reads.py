@@ -88,3 +88,27 @@ def test_an_embedding_error_reaches_the_caller_and_a_search_error_waits_for_the_
         with pytest.raises(RuntimeError, match="the index is broken"):
             store.recall("a", "the boat", mode="hybrid")
         assert not slow.running and slow.embedded == 1
+
+
+def test_a_large_agents_search_starts_from_signs_and_still_finds_the_nearest_rows():
+    import numpy as np
+
+    from flink_memory.store.vectors import SHORTLIST_ABOVE, AgentVectors, nearest, sign_bits
+
+    rng = np.random.default_rng(5)
+    rows = SHORTLIST_ABOVE + 5000
+    matrix = rng.standard_normal((rows, 48)).astype(np.float32) @ rng.standard_normal((48, 256)).astype(np.float32)
+    matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
+    keys = [f"u{i}" for i in range(rows)]
+    signed = AgentVectors(1, keys, {k: i for i, k in enumerate(keys)}, matrix, np.ascontiguousarray(sign_bits(matrix).T))
+    exact = AgentVectors(1, keys, signed.index, matrix)
+    found = 0
+    for i in range(0, 2000, 100):
+        question = matrix[i] + 0.5 * rng.standard_normal(256).astype(np.float32) / 16
+        question /= np.linalg.norm(question)
+        best = set(np.argsort(-(matrix @ question))[:5].tolist())
+        assert set(nearest(exact, question, 50)) >= best
+        shortlisted = nearest(signed, question, 50)
+        assert len(shortlisted) == 50 and i in shortlisted
+        found += len(best & set(shortlisted))
+    assert found >= 0.95 * 5 * 20

@@ -11,7 +11,9 @@ model2vec's recipe, at the level of words:
    probabilities), the `--pieces` most probable ones, for the words no list holds (names, codes, numbers).
 2. Each row's text goes through e5 once, as a passage of its own: its mean-pooled output is the row's vector.
    A whole word keeps its meaning ("beagle" lands near "dog"), which the pieces of a split word lose.
-3. The vectors are centred (what every one of them shares, the prefix and the special tokens, goes away).
+3. The vectors are centred (what every one of them shares, the prefix and the special tokens, goes away) and
+   reduced by PCA to `--dim` dimensions (256: the exact search of a recall reads two thirds of the bytes, and
+   benchmarks/recall.py --ideal finds the same answers in its top 5).
 4. Each row is weighted by a / (a + p): p is the row's probability under e5's unigram model (for a word, that
    of its pieces), so frequent words weigh little in a text's mean (smooth inverse frequency).
 5. Rows are stored as int8 with one scale each, beside a `tokenizers` Unigram tokenizer of the kept pieces.
@@ -118,6 +120,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--english", type=int, default=40_000, help="most frequent English words kept")
     parser.add_argument("--others", type=int, default=2_000, help=f"words of each of {', '.join(OTHER_LANGUAGES)}")
     parser.add_argument("--pieces", type=int, default=48_000, help="most probable e5 pieces kept")
+    parser.add_argument("--dim", type=int, default=256, help="dimensions kept by PCA (e5 has 384): a recall's "
+                        "exact search reads every vector of the agent, so fewer dimensions are faster")
     parser.add_argument("--out", type=Path, default=DATA)
     parser.add_argument("--cache", type=Path, help="a folder for the e5 vectors of the rows' texts, reused")
     args = parser.parse_args(argv)
@@ -134,6 +138,8 @@ def main(argv: list[str] | None = None) -> int:
     texts = [p.replace("\u2581", " ").strip() for p in kept] + words
     raw = _cached_vectors(texts, args.cache)
     centred = raw - raw.mean(axis=0)
+    if args.dim < centred.shape[1]:  # PCA: the directions in which the rows differ most
+        centred = centred @ np.linalg.svd(centred, full_matrices=False)[2][:args.dim].T
     rows = centred * weights(np.concatenate([piece_log_probs, word_log_probs]))[:, None]
     rows, scales = quantize(rows.astype(np.float32))
     args.out.mkdir(parents=True, exist_ok=True)
