@@ -231,10 +231,10 @@ def measure_service(store: str, asked: list[str], args: argparse.Namespace, data
         load = Load(port, asked, args.mode, args.k, args.timeout)
         first = asyncio.run(load.run(1, 0, record=False))
         asyncio.run(load.run(args.clients, args.warmup, record=False))
-        cpu = (process_cpu(server.pid), time.process_time(), tree_cpu(database_pid) if database_pid else 0.0,
+        cpu = (tree_cpu(server.pid), time.process_time(), tree_cpu(database_pid) if database_pid else 0.0,
                machine_cpu())
         loaded = phase(load, args.clients, args.seconds)
-        server_s, client_s, database_s = (process_cpu(server.pid) - cpu[0], time.process_time() - cpu[1],
+        server_s, client_s, database_s = (tree_cpu(server.pid) - cpu[0], time.process_time() - cpu[1],
                                           (tree_cpu(database_pid) - cpu[2]) if database_pid else 0.0)
         others_s = max(0.0, machine_cpu() - cpu[3] - server_s - client_s - database_s)
         solo = phase(load, 1, args.solo_seconds) if args.solo_seconds else None

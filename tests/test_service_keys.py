@@ -132,3 +132,34 @@ def test_the_key_and_the_memory_text_are_in_no_log(tmp_path, capsys):
     for secret in (key, key.split("_")[-1], "SWORDFISH", "Alice paid", "Bearer"):
         assert secret not in logged
     assert "SWORDFISH" in json.dumps([json.loads(p.read_text()) for p in inbox.iterdir()])  # (it was written)
+
+
+def test_serve_with_two_workers_answers_and_stops_them_together(tmp_path):
+    store = write_store(tmp_path / "memory.sqlite")
+    port = free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen([sys.executable, "-m", "flink_memory.cli", "serve", "--store", store, "--port", str(port),
+                               "--workers", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if call(f"{url}/v1/health")[0] == 200:
+                    break
+            except OSError:
+                assert time.monotonic() < deadline and server.poll() is None
+                time.sleep(0.1)
+        workers = [int(p) for p in subprocess.run(["pgrep", "-P", str(server.pid)], capture_output=True,
+                                                  text=True).stdout.split()]
+        assert len(workers) == 1  # the parent serves too
+        answers = [call(f"{url}/v1/agents/alice/recall", "POST", {"question": "Which pet does Alice have?"})
+                   for _ in range(20)]
+        assert all(status == 200 for status, _ in answers)
+    finally:
+        server.terminate()
+        server.wait(20)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{workers[0]}").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{workers[0]}").exists()

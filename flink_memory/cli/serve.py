@@ -25,6 +25,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--agent", help="with --stdio: the one agent the tools serve (default: any, named per call)")
     serve.add_argument("--threads", type=positive, metavar="N", help="reads served at once, each on its own store "
                        "connection (default: the CPU cores + 1); more requests wait their turn")
+    serve.add_argument("--workers", type=positive, default=1, metavar="N", help="HTTP: processes sharing the "
+                       "port, each with its own store connections and caches (a process serves on about one core: "
+                       "set it to the cores the server has)")
     serve.add_argument("--config", help="for the embeddings.* settings of recall by meaning")
     serve.add_argument("--set", dest="overrides", action="append", default=[])
     serve.set_defaults(handler=run_serve)
@@ -71,7 +74,7 @@ def run_serve(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.overrides)
         options = ServeOptions(store=args.store, host=args.host, port=args.port, keys=args.keys, input=args.input,
                                read_only=args.read_only, agent=args.agent, threads=args.threads,
-                               diversity=config.recall.diversity)
+                               diversity=config.recall.diversity, workers=args.workers)
         embedder = embedder_for(config.embeddings)
         (serve_stdio if args.stdio else serve_http)(options, embedder)
     except (ServeError, KeysError, WriteFailed, EmbeddingError, ValueError) as exc:

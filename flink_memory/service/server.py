@@ -12,7 +12,10 @@ import asyncio
 import ipaddress
 import logging
 import os
+import signal
 import socket
+import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -47,6 +50,7 @@ class ServeOptions:
     agent: str | None = None  # stdio: the one agent the tools serve
     threads: int | None = None  # reads at once (store connections); None: the cores + 1
     diversity: float = DIVERSITY  # recall's default weight of distinct results (recall.diversity)
+    workers: int = 1  # HTTP: processes accepting on one socket
 
 
 def is_loopback(host: str) -> bool:
@@ -116,11 +120,53 @@ def uvicorn_config(app: Any, host: str, port: int, sock: socket.socket | None = 
 
 
 def serve_http(options: ServeOptions, embedder: Any = None) -> None:
-    """Serve until interrupted."""
+    """Serve until interrupted. With `workers` above 1 the listening socket is bound here and the other
+    workers are forked before anything opens the store: each process has its own connections and caches, and
+    the kernel hands each connection to one of them. A worker stops when this process does."""
+    log = logging.getLogger("flink_memory.service")
+    sock = None
+    children: list[int] = []
+    if options.workers > 1:
+        # (IPPROTO_TCP named: asyncio sets TCP_NODELAY only on connections of such a socket; without it an
+        # answer in two writes waits for the client's delayed ACK, about 40 ms)
+        family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((options.host, options.port))
+        sock.listen(2048)
+        sock.set_inheritable(True)
+        parent = os.getpid()
+        for _ in range(options.workers - 1):
+            pid = os.fork()
+            if pid == 0:  # a worker: serves on the shared socket while its parent lives
+                _serve_on(options, embedder, sock, parent)
+                os._exit(0)
+            children.append(pid)
+    log.info("serving on %s:%s (%d worker%s)", options.host, sock.getsockname()[1] if sock else options.port,
+             options.workers, "s" if options.workers > 1 else "")
+    try:
+        _serve_on(options, embedder, sock, None)
+    finally:
+        for pid in children:
+            try:
+                os.kill(pid, signal.SIGTERM)
+                os.waitpid(pid, 0)
+            except (ProcessLookupError, ChildProcessError):
+                pass
+
+
+def _serve_on(options: ServeOptions, embedder: Any, sock: socket.socket | None, parent: int | None) -> None:
     service, keyring = build_service(options, embedder)
     config = uvicorn_config(http_app(service, keyring, options.host), options.host, options.port)
-    logging.getLogger("flink_memory.service").info("serving on %s:%s", options.host, options.port)
-    uvicorn.Server(config).run()
+    server = uvicorn.Server(config)
+    if parent is not None:  # (a worker whose parent died, even by SIGKILL, stops too)
+        def watch() -> None:
+            while os.getppid() == parent and not server.should_exit:
+                time.sleep(1.0)
+            server.should_exit = True
+
+        threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+    server.run(sockets=[sock] if sock is not None else None)
 
 
 def serve_stdio(options: ServeOptions, embedder: Any = None) -> None:
