@@ -120,6 +120,8 @@ def test_wheel_carries_the_defaults_and_type_marker_and_no_tests(installed):
         names = wheel.namelist()
         assert wheel.read(PACKAGED) == (ROOT / "conf" / "flink-memory.yaml").read_bytes()  # cannot drift
         assert "flink_memory/py.typed" in names
+        for part in ("rows.npy", "scales.npy", "tokenizer.json", "json"):  # the default embedding model
+            assert f"flink_memory/embeddings/data/e5-static.{part}" in names
         dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
         entry_points = wheel.read(f"{dist_info}/entry_points.txt").decode()
         top_level = wheel.read(f"{dist_info}/top_level.txt").decode().split()
