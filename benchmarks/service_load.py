@@ -13,7 +13,8 @@ for `--seconds` after a warm-up. Reported: requests/s, p50/p99 latency, errors (
 and the CPU time of the server, of the database server (PostgreSQL) and of the clients, per request and in
 cores, so that what the clients take from the server's two cores is known, and what other processes of the
 machine took meanwhile; then one client alone (the latency
-of a request on an idle server). Then the baseline: `flink-memory recall agent-0 QUESTION --store ...` per
+of a request on an idle server); then an open loop at `--rate` requests/s (40), each request timed from its
+scheduled start, so that a server that falls behind shows it. Then the baseline: `flink-memory recall agent-0 QUESTION --store ...` per
 question, a new process each time, one after the other. Last, the results as a row of a markdown table.
 """
 
@@ -199,6 +200,41 @@ class Load:
         if connection is not None:
             connection[1].close()
 
+    async def open_loop(self, rate: float, seconds: float) -> float:
+        """Requests at `rate` per second for `seconds`, each on a free keep-alive connection (a new one when
+        all are busy), each timed from its scheduled start: a server that falls behind shows it in the
+        latencies, not in a slower schedule. The wall time until the last answer."""
+        idle: list[tuple[asyncio.StreamReader, asyncio.StreamWriter]] = []
+        started = time.perf_counter()
+
+        async def one(scheduled: float) -> None:
+            connection = idle.pop() if idle else None
+            try:
+                if connection is None:
+                    connection = await asyncio.open_connection("127.0.0.1", self.port)
+                status, body = await asyncio.wait_for(self._request(*connection), self.timeout_s)
+            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
+                self._error(type(exc).__name__)
+                if connection is not None:
+                    connection[1].close()
+                return
+            self.latencies.append(time.perf_counter() - scheduled)
+            if status != 200:
+                self._error(f"HTTP {status}")
+            elif not json.loads(body)["hits"]:
+                self._error("no hits")
+            idle.append(connection)
+
+        tasks = []
+        for n in range(int(rate * seconds)):
+            scheduled = started + n / rate
+            await asyncio.sleep(max(0.0, scheduled - time.perf_counter()))
+            tasks.append(asyncio.create_task(one(scheduled)))
+        await asyncio.gather(*tasks)
+        for _, writer in idle:
+            writer.close()
+        return time.perf_counter() - started
+
     async def run(self, clients: int, seconds: float, record: bool) -> float:
         """Run the clients for `seconds`; the wall time until the last answer."""
         started = time.perf_counter()
@@ -221,6 +257,16 @@ def phase(load: Load, clients: int, seconds: float) -> dict[str, Any]:
             "max_ms": 1000 * max(load.latencies), "errors": sum(load.errors.values()), "error_kinds": load.errors}
 
 
+def open_phase(load: Load, rate: float, seconds: float) -> dict[str, Any]:
+    """An open loop at `rate` requests/s: latencies from each request's scheduled start."""
+    load.latencies, load.errors = [], {}
+    wall = asyncio.run(load.open_loop(rate, seconds))
+    done = len(load.latencies)
+    return {"rate": rate, "seconds": wall, "requests": done, "requests_per_s": done / wall,
+            "p50_ms": 1000 * statistics.median(load.latencies), "p99_ms": 1000 * percentile(load.latencies, 0.99),
+            "max_ms": 1000 * max(load.latencies), "errors": sum(load.errors.values()), "error_kinds": load.errors}
+
+
 def measure_service(store: str, asked: list[str], args: argparse.Namespace, database_pid: int | None
                     ) -> dict[str, Any]:
     """The first request alone (it loads the agent's vectors), a warm-up, the clients for `--seconds` (with the
@@ -238,6 +284,7 @@ def measure_service(store: str, asked: list[str], args: argparse.Namespace, data
                                           (tree_cpu(database_pid) - cpu[2]) if database_pid else 0.0)
         others_s = max(0.0, machine_cpu() - cpu[3] - server_s - client_s - database_s)
         solo = phase(load, 1, args.solo_seconds) if args.solo_seconds else None
+        opened = open_phase(load, args.rate, args.seconds) if args.rate else None
     finally:
         server.send_signal(signal.SIGINT)
         try:
@@ -246,7 +293,7 @@ def measure_service(store: str, asked: list[str], args: argparse.Namespace, data
             server.kill()
     wall, done = loaded["seconds"], loaded["requests"]
     return {**loaded, "first_request_ms": 1000 * first, "questions_asked": load.next,
-            "distinct_questions": min(load.next, len(asked)), "solo": solo,
+            "distinct_questions": min(load.next, len(asked)), "solo": solo, "open_loop": opened,
             "cpu": {"server_cores": server_s / wall, "server_ms_per_request": 1000 * server_s / done,
                     "database_cores": database_s / wall, "database_ms_per_request": 1000 * database_s / done,
                     "client_cores": client_s / wall, "client_ms_per_request": 1000 * client_s / done,
@@ -303,6 +350,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--solo-seconds", type=float, default=10, help="then one client alone (0: not measured)")
     parser.add_argument("--mode", choices=["hybrid", "keyword", "vector"], default="hybrid")
     parser.add_argument("--k", type=int, default=5)
+    parser.add_argument("--rate", type=float, default=40, help="then an open loop at this many requests/s for "
+                        "--seconds, each timed from its scheduled start (0: not measured)")
     parser.add_argument("--timeout", type=float, default=30, help="seconds before a request counts as an error")
     parser.add_argument("--questions", type=int, default=20_000, help="distinct questions to ask")
     parser.add_argument("--cli-questions", type=int, default=10, help="questions for the CLI baseline (0: none)")
@@ -336,6 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     if solo:
         print(f"  one client alone: {solo['requests_per_s']:.1f} requests/s, p50 {solo['p50_ms']:.1f} ms, "
               f"p99 {solo['p99_ms']:.1f} ms, {solo['errors']} errors")
+    opened = service["open_loop"]
+    if opened:
+        print(f"  open loop at {opened['rate']:g} requests/s: {opened['requests_per_s']:.1f} requests/s answered, "
+              f"p50 {opened['p50_ms']:.1f} ms, p99 {opened['p99_ms']:.1f} ms from the scheduled start, "
+              f"{opened['errors']} errors")
     if cli:
         results["cli_s_over_service_p50"] = cli["median_s"] / (service["p50_ms"] / 1000)
         results["service_over_cli_requests_per_s"] = service["requests_per_s"] / cli["requests_per_s"]

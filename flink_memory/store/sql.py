@@ -31,6 +31,7 @@ Reads return `SummaryNode` models (`flink_memory.records`) and `Recalled` hits, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 from abc import ABC, abstractmethod
@@ -572,7 +573,12 @@ class MemoryStore(ABC):
             raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
         embedder = self.embedder if mode != "keyword" else None  # (the question embedded while the store searches:)
         question = embedder.query_meanwhile(query) if embedder and self._check_model(embedder, record=False) else None
-        by_meaning = self._nearest_meanwhile(agent_id, question) if question is not None else None
+        try:
+            by_meaning = self._nearest_meanwhile(agent_id, question) if question is not None else None
+        except BaseException:
+            with contextlib.suppress(Exception):
+                question()  # (waited for: an embedder is never used by two of its calls at once)
+            raise
         counts = TermCounts(terms)
         rows: dict[str, tuple[Any, ...]] = {}
         try:
