@@ -209,15 +209,20 @@ class Load:
 
         async def one(scheduled: float) -> None:
             connection = idle.pop() if idle else None
-            try:
-                if connection is None:
-                    connection = await asyncio.open_connection("127.0.0.1", self.port)
-                status, body = await asyncio.wait_for(self._request(*connection), self.timeout_s)
-            except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
-                self._error(type(exc).__name__)
-                if connection is not None:
-                    connection[1].close()
-                return
+            for attempt in range(2):  # (a kept-alive connection the server closed while idle: once more, anew)
+                try:
+                    if connection is None:
+                        connection = await asyncio.open_connection("127.0.0.1", self.port)
+                        attempt = 1
+                    status, body = await asyncio.wait_for(self._request(*connection), self.timeout_s)
+                    break
+                except (OSError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, TimeoutError) as exc:
+                    if connection is not None:
+                        connection[1].close()
+                    connection = None
+                    if attempt or not isinstance(exc, (asyncio.IncompleteReadError, ConnectionResetError)):
+                        self._error(type(exc).__name__)
+                        return
             self.latencies.append(time.perf_counter() - scheduled)
             if status != 200:
                 self._error(f"HTTP {status}")
