@@ -23,7 +23,7 @@ from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
 from flink_memory.records import DeadLetter, SummaryNode
-from flink_memory.requests import ChatRequest, RequestFactory
+from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
@@ -209,18 +209,7 @@ class MergerCore:
             return job.job.entries[0]["text"] if job.children else ""
         progress = drive(job.job, self.factory, finished, now_ms, self.retry)
         effects.track(progress, job.job)
-        calibration = self.factory.budget.counter.calibration
-        calibration.settle(progress.consumed)
-        calibration.follow("global", [request for request in progress.start if request.kind == "global"])
         return progress.value if progress.state == "done" else None
-
-    def _lead(self, finished: Finished) -> ChatRequest | None:
-        """The process's first global request while it is in flight and before any global has reported: a
-        global that does not fit one request at the estimate's upper bound waits for that report rather than
-        pay a round of groups (globals are made together at the end of a bounded input). One that fits goes."""
-        if self.factory.budget.counter.exact:
-            return None
-        return self.factory.budget.counter.calibration.lead("global", finished)
 
     def _run_merge(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, finished: Finished,
                    now_ms: int, effects: Effects) -> None:
@@ -290,10 +279,6 @@ class MergerCore:
             due = self._global_due(schedule)
             if due is not None and now_ms >= due:
                 pending = self._start_global(state, tree)
-                lead = self._lead(finished)
-                if lead is not None and not pending.job.one_call(self.factory.budget):
-                    effects.waiting.append(lead)  # woken when it ends: packed then by what it taught
-                    pending = None
             elif due is not None:
                 effects.wake(due)
         if pending is not None:

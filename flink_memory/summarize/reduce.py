@@ -85,10 +85,6 @@ class ReduceJob(StateModel):
     def _final_target(self, budget: Budget) -> int:
         return min(self.target_tokens or budget.max_output_tokens, budget.max_output_tokens)
 
-    def one_call(self, budget: Budget) -> bool:
-        """Whether the job, packed at the counter's scale of now, is one request (nothing frozen)."""
-        return self.scale is not None or self._plan_at(budget, budget.counter.scale_for(self.purpose))[0]
-
     def _plan(self, budget: Budget) -> tuple[bool, list[list[dict[str, Any]]]]:
         if self.scale is None:
             self.scale = budget.counter.scale_for(self.purpose)
