@@ -93,15 +93,16 @@ def test_an_embedding_error_reaches_the_caller_and_a_search_error_waits_for_the_
 def test_a_large_agents_search_starts_from_signs_and_still_finds_the_nearest_rows():
     import numpy as np
 
-    from flink_memory.store.vectors import SHORTLIST_ABOVE, AgentVectors, nearest, sign_bits
+    from flink_memory.store.vectors import SHORTLIST_ABOVE, AgentVectors, nearest
 
     rng = np.random.default_rng(5)
     rows = SHORTLIST_ABOVE + 5000
     matrix = rng.standard_normal((rows, 48)).astype(np.float32) @ rng.standard_normal((48, 256)).astype(np.float32)
     matrix /= np.linalg.norm(matrix, axis=1, keepdims=True)
     keys = [f"u{i}" for i in range(rows)]
-    signed = AgentVectors(1, keys, {k: i for i, k in enumerate(keys)}, matrix, np.ascontiguousarray(sign_bits(matrix).T))
-    exact = AgentVectors(1, keys, signed.index, matrix)
+    signed = AgentVectors.of(1, keys, matrix)
+    exact = AgentVectors.of(1, keys, matrix, shortlist_above=rows)
+    assert signed.signs is not None and exact.signs is None
     found = 0
     for i in range(0, 2000, 100):
         question = matrix[i] + 0.5 * rng.standard_normal(256).astype(np.float32) / 16

@@ -27,6 +27,7 @@ SPLIT_WORDS = 200_000  # unknown words whose pieces are remembered (a stream rep
 
 class StaticE5(Embedder):
     inline = True
+
     def __init__(self, batch_size: int = 1024, data: Path | None = None) -> None:
         """`data`: a folder the distillation wrote (default: the one in this package)."""
         super().__init__(batch_size=batch_size, cache_size=0)

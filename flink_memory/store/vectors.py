@@ -37,6 +37,16 @@ class AgentVectors:
     matrix: np.ndarray
     signs: np.ndarray | None = None  # (dim / 64, rows) uint64: the rows' sign bits, above SHORTLIST_ABOVE rows
 
+    @classmethod
+    def of(cls, generation: int | None, keys: list[str], matrix: np.ndarray,
+           shortlist_above: int = SHORTLIST_ABOVE) -> AgentVectors:
+        """The agent's rows with what a search derives from them: the index by key and, for more than
+        `shortlist_above` rows, their sign bits word by word (each word of every row contiguous)."""
+        import numpy as np
+
+        signs = np.ascontiguousarray(sign_bits(matrix).T) if len(keys) > shortlist_above else None
+        return cls(generation, keys, {key: i for i, key in enumerate(keys)}, matrix, signs)
+
 
 class VectorCache:
     """Per-agent matrices of one reader; `load(agent)` reads (key, vector bytes) rows from the store. Also
@@ -75,8 +85,7 @@ class VectorCache:
         keys = [key for key, _ in found]
         matrix = (np.frombuffer(b"".join(bytes(v) for _, v in found), dtype="<f4").reshape(len(found), -1)
                   if found else np.zeros((0, 0), dtype="<f4"))
-        loaded = AgentVectors(generation, keys, {key: i for i, key in enumerate(keys)}, matrix,
-                              np.ascontiguousarray(sign_bits(matrix).T) if len(keys) > SHORTLIST_ABOVE else None)
+        loaded = AgentVectors.of(generation, keys, matrix)
         if generation is not None:  # (a store without generations: nothing tells when to reload)
             self._agents[agent_id] = loaded
             while len(self._agents) > self.max_agents:
