@@ -127,14 +127,12 @@ class Vectors:
         numbers = tuple(int(p) for p in version[0].split(".")[:2]) if version else (0, 0)
         return cls(extension=True, iterative=numbers >= (0, 8))
 
-    def cosines(self, conn: Any, agent_id: str, question: Any, nearest: int, also: Any) -> dict[str, float]:
-        """Cosines of the agent's `nearest` rows closest to the (unit) question and of the rows `also` names.
+    def cosines(self, conn: Any, agent_id: str, question: Any, nearest: int) -> dict[str, float]:
+        """Cosines of the agent's `nearest` rows closest to the (unit) question.
 
         An agent with fewer than EXACT_BELOW rows is searched exactly (its rows by the primary key, sorted);
         a larger one by its bucket's HNSW index, and exactly after all when the index scan stopped short of
         `nearest` rows of the agent (its share of the bucket too small for the scan's bounds)."""
-        import numpy as np
-
         dim, vector = len(question), text(question)
         with conn.transaction():
             rows, bucket = conn.execute(COUNT_AND_BUCKET, (agent_id, EXACT_BELOW, agent_id), prepare=False).fetchone()
@@ -146,10 +144,17 @@ class Vectors:
                                                          (agent_id, vector, nearest), prepare=False).fetchall()
             if len(found) < nearest:
                 found = conn.cursor(binary=True).execute(EXACT, (agent_id, vector, nearest), prepare=False).fetchall()
-        seen = {key for key, _ in found}
-        rest = [key for key in also if key not in seen]
-        if rest:
-            found += conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, rest), prepare=False).fetchall()
+        return self._scored(found, question)
+
+    def of_rows(self, conn: Any, agent_id: str, question: Any, keys: list[str]) -> dict[str, float]:
+        """Cosines of the agent's rows `keys` (those of them with a vector)."""
+        return self._scored(conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, keys), prepare=False).fetchall(),
+                            question)
+
+    @staticmethod
+    def _scored(found: list[tuple[str, bytes]], question: Any) -> dict[str, float]:
+        import numpy as np
+
         if not found:
             return {}
         matrix = np.stack([from_binary(vector) for _, vector in found])

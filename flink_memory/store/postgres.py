@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 from flink_memory.databases import PostgresConnection, redact_url
+from flink_memory.meanwhile import meanwhile
 from flink_memory.store import pgvector
 from flink_memory.store.core import tsquery_term
 from flink_memory.store.sql import (
@@ -64,6 +65,7 @@ class PostgresStore(MemoryStore):
         self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store")
         self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
         self._indexed = False  # the HNSW index is known to exist
+        self._search_db: PostgresConnection | None = None  # (recall's search by meaning, opened at its first)
         try:
             if create:
                 self._db.run(self._create_schema)
@@ -180,10 +182,31 @@ class PostgresStore(MemoryStore):
         return super().forget_vectors()
 
     def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
+        """The search by meaning on a second connection, in a thread while the first searches by keyword: the
+        server runs both at once. The keyword rows' own cosines come after, on the same connection."""
         if not self.vectors.extension:
             return super()._nearest_meanwhile(agent_id, question)
-        return lambda also: self._db.run(
-            lambda conn: self.vectors.cosines(conn, agent_id, question(), VECTOR_CANDIDATES, also))
+        if self._search_db is None:
+            self._search_db = PostgresConnection(self._db.url, setting="store.url",
+                                                 application_name="flink-memory recall by meaning")
+        search_db = self._search_db
+
+        def search() -> tuple[Any, dict[str, float]]:
+            vector = question()
+            return vector, search_db.run(lambda conn: self.vectors.cosines(conn, agent_id, vector, VECTOR_CANDIDATES))
+
+        found = meanwhile(search, name="recall-by-meaning")
+
+        def result(also: Iterable[str]) -> dict[str, float]:
+            vector, scores = found()
+            rest = [key for key in also if key not in scores]
+            if rest:
+                scores.update(search_db.run(lambda conn: self.vectors.of_rows(conn, agent_id, vector, rest)))
+            return scores
+
+        return result
 
     def close(self) -> None:
         self._db.close()
+        if self._search_db is not None:
+            self._search_db.close()

@@ -33,13 +33,13 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any, Literal
 
 from flink_memory.databases import is_postgres
 from flink_memory.digests import digest_parts
+from flink_memory.meanwhile import meanwhile
 from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.store.core import (
     UNIT_KIND,
@@ -647,24 +647,15 @@ class MemoryStore(ABC):
         self._vector_cache = self._vector_cache or VectorCache()
         vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),
                                              lambda agent: self._fetch(self._sql(VECTORS_OF_AGENT), (agent,)))
-        found: list[tuple[Any, list[int]]] = []
-        failed: list[BaseException] = []
 
-        def search() -> None:
-            try:
-                vector = question()
-                found.append((vector, nearest(vectors, vector, VECTOR_CANDIDATES)))
-            except BaseException as exc:  # re-raised in the caller's thread
-                failed.append(exc)
+        def search() -> tuple[Any, list[int]]:
+            vector = question()
+            return vector, nearest(vectors, vector, VECTOR_CANDIDATES)
 
-        thread = threading.Thread(target=search, name="recall-by-meaning", daemon=True)
-        thread.start()
+        found = meanwhile(search, name="recall-by-meaning")
 
         def result(also: Iterable[str]) -> dict[str, float]:
-            thread.join()
-            if failed:
-                raise failed[0]
-            vector, rows = found[0]
+            vector, rows = found()
             return cosines(vectors, vector, rows, also)
 
         return result
