@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from jobkit import write_lines  # noqa: E402
 
-from flink_memory.llm.embedded import EmbeddedServer  # noqa: E402
+from flink_memory.llm.llamacpp import EmbeddedServer  # noqa: E402
 from flink_memory.outputs import read_outputs  # noqa: E402
 
 NAMES = ["Greta", "Selquisel Marbonne", "Okonkwo", "Dana", "Chen Wei", "Farah Haddad", "Emil Novák", "José"]

@@ -38,7 +38,7 @@ from flink_memory.config import load_config  # noqa: E402
 from flink_memory.embeddings import embedder_for  # noqa: E402
 from flink_memory.records import MemoryUnit  # noqa: E402
 from flink_memory.store import open_store  # noqa: E402
-from flink_memory.store.sql import SET_VECTOR, text_digest  # noqa: E402
+from flink_memory.store.schema import SET_VECTOR, text_digest  # noqa: E402
 
 LATENT, NOISE = 32, 0.3  # the synthetic vectors' intrinsic dimension and noise
 

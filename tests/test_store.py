@@ -14,7 +14,7 @@ from pgserver import new_database
 from flink_memory.cli.display import tree_lines
 from flink_memory.records import SummaryNode
 from flink_memory.store import StoreError, StoreNotFound, live_view, open_store
-from flink_memory.store.core import (
+from flink_memory.store.rules import (
     SPECIFICITY,
     fts5_query,
     query_terms,
@@ -22,7 +22,7 @@ from flink_memory.store.core import (
     tsquery_term,
     walk_tree,
 )
-from flink_memory.store.sql import META
+from flink_memory.store.schema import META
 
 
 @pytest.fixture(params=["sqlite", "postgres"])

@@ -12,7 +12,7 @@ from flink_memory.embeddings import Embedder, from_bytes
 from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.store import StoreError, open_store
 from flink_memory.store.ranking import words
-from flink_memory.store.sql import NODES
+from flink_memory.store.schema import NODES
 
 
 class Hashed(Embedder):

@@ -32,11 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from flink_memory.chunking.core import group_exchanges  # noqa: E402
+from flink_memory.chunking.exchanges import group_exchanges  # noqa: E402
 from flink_memory.chunking.plans import chunking_fingerprint, chunking_policy  # noqa: E402
 from flink_memory.config import Config, load_config  # noqa: E402
 from flink_memory.digests import canonical_json, digest  # noqa: E402
-from flink_memory.llm.embedded import start_local_model  # noqa: E402
+from flink_memory.llm.llamacpp import start_local_model  # noqa: E402
 from flink_memory.outputs import latest_globals, read_outputs  # noqa: E402
 from flink_memory.summarize.prompts import summarization_fingerprint, summarization_policy  # noqa: E402
 from flink_memory.tokens.estimate import estimate_tokens  # noqa: E402
@@ -333,7 +333,7 @@ def run(args: argparse.Namespace) -> int:
     server = start_local_model(config)
     client = factory = None
     if args.qa:
-        from flink_memory.llm.client import LLMClient
+        from flink_memory.llm.chat_client import LLMClient
         from flink_memory.requests import RequestFactory
 
         client, factory = LLMClient(config.llm, config.llm.base_url), RequestFactory.from_config(config.llm)

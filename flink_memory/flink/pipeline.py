@@ -11,7 +11,6 @@ import logging
 import os
 import site
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +36,7 @@ from flink_memory.flink.operators import (
     StageFunction,
 )
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
+from flink_memory.flink.streams import MemoryStreams
 from flink_memory.kafka import is_kafka, parse_kafka_url
 from flink_memory.stages.batcher import BatcherCore
 from flink_memory.stages.merger import MergerCore
@@ -68,17 +68,6 @@ def stage_uid(name: str, execution_mode: str) -> str:
     mode, so a checkpoint restores only in the mode that wrote it; distinct uids make a restore in the other
     mode fail loudly (Flink refuses unclaimed state) instead of starting with empty state."""
     return UIDS[name] if execution_mode == "process" else f"{UIDS[name]}-thread"
-
-
-@dataclass
-class MemoryStreams:
-    summaries: DataStream
-    manifests: DataStream
-    dead_letters: DataStream
-    # the store's log: every node and unit-row message, numbered per agent and writer (LogEntry); written
-    # exactly once to <output>/memory/, from which the store applier writes the store, and its unit rows
-    # shown in the store at once (flink_memory.flink.store_sink)
-    memory_log: DataStream | None = None
 
 
 def flink_configuration(config: Config, output_dir: str | None, restore: str | None = None,
@@ -257,7 +246,7 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
     kafka_in = is_kafka(input_path)
     t_env = None
     if kafka_in or config.sink.kafka.bootstrap_servers:
-        from flink_memory.flink import kafka
+        from flink_memory.flink import kafka_connector as kafka
 
         kafka.load_connector(env, config)
         t_env = kafka.table_environment(env)

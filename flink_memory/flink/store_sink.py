@@ -24,7 +24,7 @@ from flink_memory.store.backfill import VectorBackfill
 from flink_memory.store.provisional import WriteBehind
 
 if TYPE_CHECKING:
-    from flink_memory.flink.pipeline import MemoryStreams
+    from flink_memory.flink.streams import MemoryStreams
 
 # Part of the savepoint contract like flink_memory.flink.pipeline.UIDS (which lists it as sink_store).
 STORE_SINK_UID = "flink-memory-sink-store"

@@ -18,7 +18,7 @@ import json
 
 from pydantic import Field
 
-from flink_memory.chunking.core import InvalidPlan, materialize
+from flink_memory.chunking.exchanges import InvalidPlan, materialize
 from flink_memory.chunking.manifest import (
     ManifestMismatch,
     PolicyChanged,

@@ -21,7 +21,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from flink_memory.store.sql import NODES
+from flink_memory.store.schema import NODES
 from flink_memory.store.vectors import exact_cosines
 
 log = logging.getLogger(__name__)

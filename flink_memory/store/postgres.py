@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 from flink_memory.databases import PostgresConnection, redact_url
 from flink_memory.meanwhile import meanwhile
 from flink_memory.store import pgvector
-from flink_memory.store.core import tsquery_term
-from flink_memory.store.sql import (
+from flink_memory.store.rules import PositionConflict, StoreError, tsquery_term
+from flink_memory.store.schema import (
     CREATE_GENERATIONS,
     CREATE_LOG_TABLES,
     HIT,
@@ -27,11 +27,8 @@ from flink_memory.store.sql import (
     NODES,
     PENDING_INDEX,
     REPLACED,
-    VECTOR_CANDIDATES,
-    MemoryStore,
-    PositionConflict,
-    StoreError,
 )
+from flink_memory.store.sql import VECTOR_CANDIDATES, MemoryStore
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder

@@ -8,8 +8,8 @@ import threading
 from typing import Any
 
 from flink_memory.databases import sqlite_connect, sqlite_path
-from flink_memory.store.core import fts5_query
-from flink_memory.store.sql import (
+from flink_memory.store.rules import PositionConflict, StoreError, StoreNotFound, fts5_query
+from flink_memory.store.schema import (
     ADDED,
     CREATE_GENERATIONS,
     CREATE_LOG_TABLES,
@@ -20,11 +20,8 @@ from flink_memory.store.sql import (
     NODES,
     PENDING_INDEX,
     REPLACED,
-    MemoryStore,
-    PositionConflict,
-    StoreError,
-    StoreNotFound,
 )
+from flink_memory.store.sql import MemoryStore
 
 FTS_CONTENT = f"{FTS}_content"  # what the full-text index reads: each row's text and its agent's token
 # An agent's one full-text token: the hex of its id (one unicode61 token, any id) ending in a digit, which the

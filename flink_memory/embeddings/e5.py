@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from flink_memory.embeddings.core import Embedder, EmbeddingError
+from flink_memory.embeddings.api import Embedder, EmbeddingError
 
 VARIANTS = {"multilingual-e5-small": "original", "portuguese-e5-small": "enpt"}
 DEFAULT = "multilingual-e5-small"

