@@ -98,7 +98,8 @@ def test_server_tokenizer_counts_exactly_what_the_model_counts(embedded_llm):
     client = openai.OpenAI(base_url=embedded_llm.base_url + "/v1", api_key="none")
     for name, text in {**VARIED, "json": JSON_ESCAPED}.items():
         for content in (text, "\n".join([text] * 4)):
-            messages = [{"role": "system", "content": "Summarize the DATA lines."}, {"role": "user", "content": content}]
+            messages = [{"role": "system", "content": "Summarize the DATA lines."},
+                        {"role": "user", "content": content}]
             usage = client.chat.completions.create(
                 model="m", messages=messages, max_tokens=1, extra_body={"cache_prompt": False}
             ).usage

@@ -60,7 +60,8 @@ def test_a_sealed_unit_stays_searchable_and_an_evicted_one_leaves():
 
 
 def test_rows_applied_to_a_store_are_recalled_before_their_batch_is_summarized(tmp_path):
-    pipeline = run("batching.max_items=10").feed(item("a", 0, fact="I adopted a beagle puppy and named it Rex."), item("a", 1))
+    pipeline = run("batching.max_items=10").feed(item("a", 0, fact="I adopted a beagle puppy and named it Rex."),
+                                                 item("a", 1))
     pipeline.feed(item("a", 1, fact="Rent is 900 EUR a month.")).settle()
     assert pipeline.summaries == []
     with open_store(str(tmp_path / "memory.sqlite"), create=True) as store:

@@ -240,7 +240,8 @@ def score(inst: Instance, nodes: list[dict[str, Any]], manifests: list[dict[str,
         result["answer_in_global"] = contains_answer(final, inst.answer)
         result["answer_in_any_node"] = any(contains_answer(n["text"], inst.answer) for n in nodes)
         if holders:
-            result["evidence_chunks_kept"] = sum(contains_answer(n["text"], inst.answer) for n in holders) / len(holders)
+            kept = sum(contains_answer(n["text"], inst.answer) for n in holders)
+            result["evidence_chunks_kept"] = kept / len(holders)
     return result
 
 
@@ -254,7 +255,8 @@ JUDGE_ABSTENTION = ("I will give you an unanswerable question, an explanation, a
                     "answer yes if the model correctly identifies the question as unanswerable. The model could say "
                     "that the information is incomplete, or some other information is given but the asked "
                     "information is not.\n\nQuestion: {question}\n\nExplanation: {answer}\n\nModel Response: "
-                    "{response}\n\nDoes the model correctly identify the question as unanswerable? Answer yes or no only.")
+                    "{response}\n\nDoes the model correctly identify the question as unanswerable? "
+                    "Answer yes or no only.")
 
 
 def qa(inst: Instance, memory: str, client: Any, factory: Any) -> dict[str, Any]:

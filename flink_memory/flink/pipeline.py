@@ -114,7 +114,8 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
         conf.set_string("restart-strategy.exponential-delay.attempts-before-reset-backoff",
                         str(config.checkpointing.restart_attempts))
     if restore:
-        conf.set_string("execution.state-recovery.path", restore if "://" in restore else Path(restore).resolve().as_uri())
+        conf.set_string("execution.state-recovery.path",
+                        restore if "://" in restore else Path(restore).resolve().as_uri())
     return conf
 
 
@@ -194,7 +195,8 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     """
     budgets.check(config)
     _check_execution_mode(stream, config)
-    config = config.model_copy(update={"journal": config.journal.model_copy(update={"path": config.journal.location()})})
+    journal = config.journal.model_copy(update={"path": config.journal.location()})
+    config = config.model_copy(update={"journal": journal})
     config_json = config.model_dump_json()
     if parse is None:
         stream = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
@@ -236,7 +238,8 @@ def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
                          ("dead-letters", streams.dead_letters), ("memory", streams.memory_log)):
         if stream is None:
             continue
-        stream.sink_to(file_sink(f"{root}/{name}", name)).name(f"sink-{name}").uid(UIDS[f"sink_{name.replace('-', '_')}"])
+        uid = UIDS[f"sink_{name.replace('-', '_')}"]
+        stream.sink_to(file_sink(f"{root}/{name}", name)).name(f"sink-{name}").uid(uid)
 
 
 def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool = False,

@@ -264,7 +264,8 @@ class MergerCore:
         children = [stored.node for i in child_ids if (stored := state.entry(NODES, i)) is not None
                     and stored.node.item_count]
         for child in children:
-            state.put(NODES, child.node_id, state.entry(NODES, child.node_id).model_copy(update={"parent": job.node_id}))
+            entry = state.entry(NODES, child.node_id)
+            state.put(NODES, child.node_id, entry.model_copy(update={"parent": job.node_id}))
         self._run_merge(state, tree, self._merge_job(job.node_id, job.level, children, job.replaces), finished,
                         now_ms, effects)
 

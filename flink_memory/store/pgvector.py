@@ -83,7 +83,8 @@ def convert_bytes(conn: Any, location: str) -> None:
         return
     log.warning("%s: converting the stored vectors from bytes to pgvector's type (once)", location)
     conn.execute(FLOATS)
-    conn.execute(f"ALTER TABLE {NODES} ALTER COLUMN vector TYPE vector USING pg_temp.flink_memory_floats(vector)::vector")
+    conn.execute(f"ALTER TABLE {NODES} ALTER COLUMN vector TYPE vector "
+                 "USING pg_temp.flink_memory_floats(vector)::vector")
 
 
 def create_index(conn: Any, dim: int) -> None:

@@ -178,7 +178,8 @@ class PostgresStore(MemoryStore):
             self._indexed = False
         return super().forget_vectors()
 
-    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
+    def _nearest_meanwhile(self, agent_id: str,
+                           question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
         """The search by meaning on a second connection, in a thread while the first searches by keyword: the
         server runs both at once. The keyword rows' own cosines come after, on the same connection."""
         if not self.vectors.extension:

@@ -91,7 +91,8 @@ UPSERT_PENDING = (
 )
 HIDE_UNIT = (f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND node_id = ? AND "
              f"kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND {AHEAD}")
-HIDE_UNITS = f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND ({COMMITTED_UNIT}) AND {AHEAD}"
+HIDE_UNITS = (f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND ({COMMITTED_UNIT}) "
+              f"AND {AHEAD}")
 DROP_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
                 f"AND pending_seq IS NOT NULL AND {AHEAD}")
 DROP_ALL_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND pending_seq IS NOT NULL "
@@ -104,7 +105,8 @@ UNHIDE = (f"UPDATE {NODES} SET kind = '{UNIT_KIND}', pending_seq = NULL WHERE ag
           "AND pending_seq <= ?")
 CONFIRMED_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND pending_seq <= ? AND kind = '{UNIT_KIND}'")
 CONFIRMED_DELETES = f"DELETE FROM {PENDING_DELETES} WHERE agent_id = ? AND seq <= ?"
-PENDING_INDEX = f"CREATE INDEX IF NOT EXISTS {NODES}_pending ON {NODES} (agent_id, pending_seq) WHERE pending_seq IS NOT NULL"
+PENDING_INDEX = (f"CREATE INDEX IF NOT EXISTS {NODES}_pending ON {NODES} (agent_id, pending_seq) "
+                 "WHERE pending_seq IS NOT NULL")
 POSITION = f"SELECT merger_seq, batcher_seq FROM {POSITIONS} WHERE agent_id = ?"
 SET_POSITION = (f"INSERT INTO {POSITIONS} (agent_id, merger_seq, batcher_seq) VALUES (?, ?, ?) ON CONFLICT "
                 "(agent_id) DO UPDATE SET merger_seq = excluded.merger_seq, batcher_seq = excluded.batcher_seq")
@@ -113,7 +115,8 @@ CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDE
 NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind NOT IN ('{UNIT_KIND}', '{HIDDEN_KIND}')"
 ALL_OF_AGENT = (f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind NOT IN ('{UNIT_KIND}', '{HIDDEN_KIND}') "
                 "ORDER BY steps, node_id")
-UNITS_OF_AGENT = f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' ORDER BY node_id"
+UNITS_OF_AGENT = (f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' "
+                  "ORDER BY node_id")
 ROWS_OF_AGENT = f"SELECT count(*) FROM {NODES} WHERE agent_id = ?"
 UNEMBEDDED = f"SELECT node_id, text, digest FROM {NODES} WHERE agent_id = ? AND vector IS NULL AND text <> ''"
 SET_VECTOR = f"UPDATE {NODES} SET vector = ? WHERE agent_id = ? AND node_id = ? AND digest = ?"

@@ -480,7 +480,8 @@ class MemoryStore(ABC):
         counts = TermCounts(terms)
         rows: dict[str, tuple[Any, ...]] = {}
         try:
-            rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
+            if mode != "vector":
+                rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)}
             for row in rows.values() if question is not None else ():
                 counts.of(row[4])  # (while the question is embedded and searched)
         finally:
@@ -499,10 +500,12 @@ class MemoryStore(ABC):
         generation = self._generation(agent_id)
         total = self._vector_cache.rows(agent_id, generation,
                                         lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
-        candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key)) for key, row in rows.items()]
+        candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key))
+                      for key, row in rows.items()]
         weight = self.diversity if diversity is None else diversity
         if weight <= 0:
-            return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion, counts=counts)]
+            ranked = rank(terms, candidates, total, k, mode, fusion, counts=counts)
+            return [hit(rows[c.key], score) for c, score in ranked]
         ranked = rank(terms, candidates, total, k * WINDOW, mode, fusion, counts=counts)
         hits = [hit(rows[c.key], score) for c, score in ranked]
         by_id = {h.node_id: h for h in hits}
@@ -538,7 +541,8 @@ class MemoryStore(ABC):
             cached.update({n: found.get(n, []) for n in missing})
         return {n: cached[n] for n in node_ids}
 
-    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
+    def _nearest_meanwhile(self, agent_id: str,
+                           question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
         """Cosines of the agent's nearest rows, searched exactly on its cached matrix (store/vectors.py) in a
         thread while the caller searches by keyword; the result, given the keyword rows, adds their cosines and
         waits for the search (or raises what it raised). The caller calls it, also on errors."""
