@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from flink_memory.chunking.plans import PlanJob, prepare
+from flink_memory.ids import NodeId, UnitId
 from flink_memory.records import Conversation, MemoryUnit, SummaryNode, record_from_json
 from flink_memory.stages import batcher, merger, planner
 from flink_memory.state import (
@@ -29,7 +30,6 @@ from flink_memory.state import (
     seq_key,
 )
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
 
@@ -135,7 +135,7 @@ def migrate_batcher(core: batcher.BatcherCore, state: StateTransaction) -> None:
         seqs = [int(b["seq"]) for b in data.get("batches", [])]
         meta.next_emit = min(seqs) if seqs else meta.next_batch
         for old in data.get("batches", []):  # their units: ids only (the texts are in the job)
-            units = [MemoryUnit(agent_id=state.key, unit_id=u, source_id=u.split("#")[0], text=e["text"],
+            units = [MemoryUnit(agent_id=state.key, unit_id=u, source_id=UnitId.parse(u).record, text=e["text"],
                                 ts=e.get("from")) for u, e in zip(old["units"], old["job"]["entries"])]
             stamps = old.get("ts") or []
             state.put(batcher.BATCHES, seq_key(int(old["seq"])), batcher.PendingBatch(

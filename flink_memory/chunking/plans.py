@@ -28,6 +28,7 @@ from flink_memory.chunking.exchanges import (
 from flink_memory.chunking.manifest import build_manifest, input_digest_messages, input_digest_text
 from flink_memory.config import Config
 from flink_memory.digests import digest
+from flink_memory.ids import UnitId
 from flink_memory.records import (
     ChunkManifest,
     Conversation,
@@ -188,7 +189,7 @@ class ChunkPlanner:
         manifest = build_manifest(agent_id=record.agent_id, source_id=record.id,
                                   input_digest=input_digest_text(record.text), policy_fingerprint=self.fingerprint,
                                   method="fixed", chunks=chunks)
-        units = [_unit(record, f"{record.id}#{k}", part, ts) for k, part in enumerate(parts)]
+        units = [_unit(record, str(UnitId(record.id, k)), part, ts) for k, part in enumerate(parts)]
         return Routed(units, manifest)
 
     def _route_trusted(self, record: TrustedConversation) -> Routed:
@@ -213,7 +214,7 @@ class ChunkPlanner:
                                   policy_fingerprint=self.fingerprint, method=method, chunks=chunks,
                                   reason=reason, planner_calls=calls)
         ts = format_ts(record.ts)
-        units = [_unit(record, f"{record.id}#{c['index']}", render_messages(c["messages"]), ts,
+        units = [_unit(record, str(UnitId(record.id, c["index"])), render_messages(c["messages"]), ts,
                        oversized=c["oversized"]) for c in chunks]
         return Routed(units, manifest)
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
+from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
@@ -29,7 +30,6 @@ from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.reduce import ReduceJob
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"

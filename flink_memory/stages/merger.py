@@ -22,6 +22,7 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
+from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
@@ -29,7 +30,6 @@ from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateModel, StateSchema, StateTransaction
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
