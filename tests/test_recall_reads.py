@@ -81,7 +81,7 @@ def test_an_embedding_error_reaches_the_caller_and_a_search_error_waits_for_the_
             store.recall("a", "the boat", mode="vector")
         store.embedder = slow = Slow()
 
-        def broken(*_args):
+        def broken(*_args, **_kwargs):
             raise RuntimeError("the index is broken")
 
         store._matching = broken

@@ -30,6 +30,7 @@ from jobkit import (
 from scripted_server import ScriptedServer
 
 from flink_memory.outputs import latest_globals, read_outputs
+from flink_memory.state import STATE_VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -196,6 +197,38 @@ def test_restore_a_checkpoint_of_release_0_1_0(tmp_path, baseline):
         assert shape(out)[2:] == shape(baseline[0])[2:]  # manifests and dead letters
     finally:
         shutil.rmtree(RELEASE_ROOT, ignore_errors=True)
+
+
+STATE_FIXTURE = Path(__file__).resolve().parent / "data" / f"state-{STATE_VERSION}"
+STATE_ROOT = Path(f"/tmp/flink-memory-state-{STATE_VERSION}")  # where tests/checkpoint_fixture.py wrote it
+
+
+def test_restore_a_checkpoint_of_this_state_layout(tmp_path, baseline):
+    """A retained checkpoint of the current state layout, written by an earlier commit (tests/checkpoint_fixture.py,
+    thread mode) and committed: restored by this code, the planner's queue, the batcher's partial batches and the
+    merger's trees finish, every unit ends up summarized, and the tree, manifests and dead letters are those of
+    a run without failure. It fails when a change to the code breaks the stored state of the release."""
+    shutil.rmtree(STATE_ROOT, ignore_errors=True)
+    shutil.copytree(STATE_FIXTURE, STATE_ROOT)
+    output = STATE_ROOT / "output"
+    checkpoint = latest_checkpoint(output)
+    assert checkpoint is not None
+    expected = batch_units(baseline[0]["summaries"])
+    try:
+        with ScriptedServer(slow_script) as server:
+            job = spawn(cli_command(STATE_ROOT / "input", output, server, None, *SETTINGS,
+                                    "batching.flush_after_s=5", "summarization.global_refresh_s=1", "job.recheck_s=2",
+                                    args=("--follow", "--restore", str(checkpoint))), tmp_path / "restored.log")
+            try:
+                wait_for(lambda: covered(output, expected), timeout_s=180, every_s=1)
+            finally:
+                kill_group(job)
+        out = read_outputs(str(output))
+        check_tree(out["summaries"], units_per_agent(expected))
+        assert batch_units(out["summaries"]) == expected
+        assert shape(out)[2:] == shape(baseline[0])[2:]  # manifests and dead letters
+    finally:
+        shutil.rmtree(STATE_ROOT, ignore_errors=True)
 
 
 def test_a_record_that_keeps_failing_is_dead_lettered_and_the_others_go_on(tmp_path):

@@ -25,7 +25,7 @@ from flink_memory.config import Config
 from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
@@ -298,7 +298,7 @@ class MergerCore:
             position = state.get(LOG, LogPosition) or LogPosition()
             for line in written:
                 position.seq += 1
-                effects.committed.append(log_line("merger", state.key, position.seq, "node", line))
+                effects.emit(MEMORY_LOG, log_line("merger", state.key, position.seq, "node", line))
             state.set(LOG, position)
         return effects
 

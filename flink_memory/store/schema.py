@@ -39,8 +39,14 @@ CREATE_LOG_TABLES = (  # (the index of provisional rows is made after the column
     f"CREATE TABLE IF NOT EXISTS {PENDING_DELETES} (agent_id TEXT NOT NULL, unit_id TEXT NOT NULL, "
     "seq BIGINT NOT NULL, PRIMARY KEY (agent_id, unit_id))",
 )
+# PostgreSQL splits its search indexes (HNSW, full text) by agent into BUCKETS partial indexes, by the hash its own
+# hash indexes keep stable: an agent's search reads its bucket's index, not every agent's
+BUCKETS = 32
+BUCKET = f"(hashtext(agent_id) & {BUCKETS - 1})"
+BUCKET_OF = f"SELECT {BUCKET.replace('agent_id', '%s::text')}"
 # what recall reads of a row
 HIT = "node_id, kind, level, steps, text, covered_by, first_ts, last_ts"
+HIT_WIDTH = HIT.count(",") + 1  # (a row read with its vector too has one more column, last)
 
 # The statements both stores run, with `?` placeholders (PostgreSQL's store turns them into `%s`).
 RECORD_REPLACED = f"INSERT INTO {REPLACED} (agent_id, node_id) VALUES (?, ?) ON CONFLICT DO NOTHING"

@@ -31,7 +31,7 @@ from __future__ import annotations
 import contextlib
 import json
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
 from flink_memory.meanwhile import meanwhile
@@ -70,6 +70,7 @@ from flink_memory.store.schema import (
     HIDE_UNIT,
     HIDE_UNITS,
     HIT,
+    HIT_WIDTH,
     META,
     META_VALUE,
     NODE,
@@ -137,7 +138,8 @@ class MemoryStore(ABC):
         query must return its rows exactly, else nothing is written (PositionConflict)."""
 
     @abstractmethod
-    def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
+    def _matching(self, agent_id: str, terms: list[str], limit: int, *,
+                  with_vectors: bool = False) -> list[tuple[Any, ...]]:
         """HIT columns of the agent's rows holding any of `terms` (full text): all of them when there are at
         most `limit`, else `limit` of those likely to rank best (by the engine's own rank or cheaper)."""
 
@@ -481,11 +483,15 @@ class MemoryStore(ABC):
         rows: dict[str, tuple[Any, ...]] = {}
         try:
             if mode != "vector":
-                rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)}
+                matching = self._matching(agent_id, terms, KEYWORD_CANDIDATES, with_vectors=question is not None)
+                rows = {row[0]: row for row in matching}
             for row in rows.values() if question is not None else ():
                 counts.of(row[4])  # (while the question is embedded and searched)
         finally:
-            scores = by_meaning(rows) if by_meaning is not None else {}
+            scores, nearest_rows = by_meaning(rows) if by_meaning is not None else ({}, {})
+        rows = {key: row[:HIT_WIDTH] for key, row in rows.items()}  # (a keyword row read with its vector)
+        for key, row in nearest_rows.items():
+            rows.setdefault(key, row)
         missing = [key for key in sorted(scores, key=lambda key: -scores[key])[:VECTOR_CANDIDATES] if key not in rows]
         if missing:
             sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
@@ -541,11 +547,12 @@ class MemoryStore(ABC):
             cached.update({n: found.get(n, []) for n in missing})
         return {n: cached[n] for n in node_ids}
 
-    def _nearest_meanwhile(self, agent_id: str,
-                           question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
+    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[
+            [Mapping[str, tuple[Any, ...]]], tuple[dict[str, float], dict[str, tuple[Any, ...]]]]:
         """Cosines of the agent's nearest rows, searched exactly on its cached matrix (store/vectors.py) in a
         thread while the caller searches by keyword; the result, given the keyword rows, adds their cosines and
-        waits for the search (or raises what it raised). The caller calls it, also on errors."""
+        waits for the search (or raises what it raised), with the HIT rows it found that the caller lacks (none
+        here: the caller reads them). The caller calls it, also on errors."""
         self._vector_cache = self._vector_cache or VectorCache()
         vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),
                                              lambda agent: self._fetch(self._sql(VECTORS_OF_AGENT), (agent,)))
@@ -556,9 +563,9 @@ class MemoryStore(ABC):
 
         found = meanwhile(search, name="recall-by-meaning")
 
-        def result(also: Iterable[str]) -> dict[str, float]:
-            vector, rows = found()
-            return cosines(vectors, vector, rows, also)
+        def result(rows: Mapping[str, tuple[Any, ...]]) -> tuple[dict[str, float], dict[str, tuple[Any, ...]]]:
+            vector, near = found()
+            return cosines(vectors, vector, near, rows), {}
 
         return result
 
