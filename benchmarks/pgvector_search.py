@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             with conn.transaction():
                 for setting in settings:
                     conn.execute(setting)
-                return [key for key, _ in conn.cursor(binary=True).execute(
+                return [row[0] for row in conn.cursor(binary=True).execute(
                     statement, (args.agent, pgvector.text(question), 50), prepare=False).fetchall()]
         return search
 
