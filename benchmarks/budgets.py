@@ -30,6 +30,7 @@ from scripted_server import ScriptedServer, chars_per_token, prompt_count  # noq
 
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
+from flink_memory.ids import UnitId  # noqa: E402
 from flink_memory.llm.runtime import read_stats  # noqa: E402
 from flink_memory.outputs import read_outputs  # noqa: E402
 from flink_memory.summarize.batching import unit_entry  # noqa: E402
@@ -89,7 +90,7 @@ def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdi
     nodes = read_outputs(str(output))["summaries"]
     stats = read_stats(str(output))
     covered = batch_units(nodes)
-    sources = {(agent, unit.split("#")[0]) for agent, unit in covered}
+    sources = {(agent, UnitId.parse(unit).record) for agent, unit in covered}
     if any(n != 1 for n in covered.values()) or sources != {(r["agent_id"], r["id"]) for r in records}:
         raise SystemExit("coverage broken: a record is missing from the batch nodes or a unit is in two")
     units = len(covered)

@@ -68,7 +68,11 @@ def stage_named(name: str) -> StageSpec:
 def check_drill(config: Config) -> None:
     """`job.inject_failure` names a stage of STAGES (or the calls); ConfigError otherwise."""
     spec = config.job.inject_failure
-    if not spec or spec.startswith("record:"):
+    if not spec:
+        return
+    if spec.startswith("record:"):
+        if "/" not in spec:
+            raise ConfigError(f"job.inject_failure: {spec!r}: a record drill is record:agent/record-id")
         return
     name = spec.split(":", 1)[0]
     known = [s.name for s in STAGES]

@@ -112,3 +112,16 @@ def test_a_text_setting_keeps_what_was_written():
                          environ={"FLINK_MEMORY__LLM__API_KEY_ENV": "yes"})
     assert config.llm.model == "1.5" and config.llm.api_key_env == "yes"
     assert load_config(None, ["llm.max_concurrency=8"], environ={}).llm.max_concurrency == 8  # numbers stay
+
+
+def test_a_drill_names_a_stage_of_the_topology_or_a_record():
+    from flink_memory.topology import STAGES, check_drill
+
+    for spec in [f"{s.name}:3:/tmp/marker" for s in STAGES] + ["call:2:/tmp/m", "record:agent-0/m1",
+                                                              "merger:after:agent-0/batch-000001:/tmp/m"]:
+        check_drill(load_config(None, [f"job.inject_failure={spec}"], environ={}))
+    for spec, reason in [("sorter:3:/tmp/m", "'sorter' is no stage of the job"),
+                         ("record:3:m", "a record drill is record:agent/record-id"),
+                         ("call:after:a/b:/tmp/m", "'call' is no stage")]:
+        with pytest.raises(ConfigError, match=reason):
+            check_drill(load_config(None, [f"job.inject_failure={spec}"], environ={}))

@@ -161,3 +161,19 @@ def test_postgres_keyword_candidates_take_the_rare_terms_matches_first(postgres_
         found = [row[0] for row in store._matching("a", ["user", "zorblat"], 10)]
         assert sorted(found[:3]) == ["unit:z0", "unit:z1", "unit:z2"] and len(found) == 10
         assert store.recall("a", "user zorblat", k=3, mode="keyword")[0].node_id.startswith("z")
+
+
+def test_terms_remembered_as_common_or_rare_survive_the_memory_being_emptied(postgres_url, monkeypatch):
+    """The reader forgets every remembered term when it holds too many: a question asking about terms it had
+    remembered and new ones still gets its common terms."""
+    from flink_memory.store import postgres
+
+    monkeypatch.setattr(postgres, "TERMS_KEPT", 2)
+    url = new_database(postgres_url)
+    units = [unit("a", f"m{i}", f"the user owns item {i}") for i in range(300)]
+    with open_store(url, create=True) as store:
+        store.upsert_units(units)
+        store._db.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
+        assert store._common_terms(["user", "zorblat", "owns"]) == {"user", "owns"}
+        assert store._common_terms(["user", "quux"]) == {"user"}
+        assert store._common_terms(["owns", "user"]) == {"user", "owns"}

@@ -40,8 +40,8 @@ COUNT_AND_BUCKET = (f"SELECT (SELECT count(*) FROM (SELECT 1 FROM {NODES} WHERE 
                     f"{BUCKET.replace('agent_id', '%s::text')}")
 SIZE_KNOWN_S = 60.0  # how long a reader trusts an agent's size class (small: searched exactly) and bucket
 EXACT_BELOW = 5000  # an agent with fewer rows is searched exactly (measured: docs/benchmarks.md)
-# candidates of an index scan: at 1 000 000 rows (an agent of 100 000) 160 finds 98% of the exact top 5 in 9 ms,
-# pgvector's default 40 finds 93% in 6 ms, 400 all of them in 17-34 ms (docs/benchmarks.md)
+# candidates of an index scan: at 1 000 000 rows (an agent of 100 000) 160 finds 90% of the exact top 5 of the
+# static model's vectors in 6.5 ms (98% of e5's), 400 finds 94% in 12 ms, 1 000 99% in 23 ms (docs/benchmarks.md)
 EF_SEARCH = 160
 EF_SEARCH_NOT_ITERATIVE = 400
 VECTORS_OF = f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND node_id = ANY(%s) AND vector IS NOT NULL"

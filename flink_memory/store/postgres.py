@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from flink_memory.databases import PostgresConnection, redact_url
 from flink_memory.meanwhile import meanwhile
@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 RARE_SHARE = 0.01  # a term in fewer of the table's rows is rare: all its matches of the agent are ranked
 MATCH_CAP = 5000  # matches of the rare terms ranked at most
@@ -141,9 +142,14 @@ class PostgresStore(MemoryStore):
         # planned for its parameters each time: psycopg prepares a statement run five times, and PostgreSQL may
         # then reuse one generic plan, which for a query by agent fits one size of agent only (a sequential
         # scan for an agent of 100 000 rows made every keyword query of the others cost 100-200 ms)
+        return self._reach(self._db, lambda c: c.cursor(binary=binary).execute(sql, params, prepare=False).fetchall())
+
+    def _reach(self, db: PostgresConnection, call: Callable[[Any], T]) -> T:
+        """`call` on one of the store's connections; a server out of reach is a StoreError (the service answers
+        503, not a crash)."""
         try:
-            return self._db.run(lambda c: c.cursor(binary=binary).execute(sql, params, prepare=False).fetchall())
-        except self._db.psycopg.OperationalError as exc:  # a reader (the service) answers 503, not a crash
+            return db.run(call)
+        except self._db.psycopg.OperationalError as exc:
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
 
     def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]],
@@ -192,13 +198,15 @@ class PostgresStore(MemoryStore):
         """The question's terms whose lexeme is common in the table (COMMON_TERMS), each remembered for
         TERMS_KNOWN_S: most questions then ask nothing."""
         now = time.monotonic()
-        unknown = [t for t in terms if now - self._terms.get(t, (False, -TERMS_KNOWN_S))[1] >= TERMS_KNOWN_S]
+        known = {t: self._terms.get(t, (False, -TERMS_KNOWN_S)) for t in terms}
+        unknown = [t for t, (_, asked) in known.items() if now - asked >= TERMS_KNOWN_S]
         if unknown:
             common = {row[0] for row in self._fetch(COMMON_TERMS, (RARE_SHARE, unknown))}
+            known.update((t, (t in common, now)) for t in unknown)
             if len(self._terms) > TERMS_KEPT:
                 self._terms.clear()
-            self._terms.update((t, (t in common, now)) for t in unknown)
-        return {t for t in terms if self._terms[t][0]}
+            self._terms.update((t, known[t]) for t in unknown)
+        return {t for t, (common_term, _) in known.items() if common_term}
 
     def _vector_value(self, vector: Any) -> Any:
         return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
@@ -244,7 +252,7 @@ class PostgresStore(MemoryStore):
 
         def search() -> tuple[Any, pgvector.Found]:
             vector = question()
-            return vector, search_db.run(lambda conn: self.vectors.nearest(
+            return vector, self._reach(search_db, lambda conn: self.vectors.nearest(
                 conn, agent_id, vector, VECTOR_CANDIDATES, self._size_of(conn, agent_id)))
 
         searched = meanwhile(search, name="recall-by-meaning")
@@ -255,7 +263,7 @@ class PostgresStore(MemoryStore):
             with_vector = [row for key, row in rows.items() if key not in nearest and len(row) > HIT_WIDTH]
             rest = [key for key, row in rows.items() if key not in nearest and len(row) == HIT_WIDTH]
             if rest:  # (keyword rows read without their vectors)
-                with_vector += search_db.run(lambda conn: self.vectors.of_rows(conn, agent_id, rest))
+                with_vector += self._reach(search_db, lambda conn: self.vectors.of_rows(conn, agent_id, rest))
             return pgvector.scored([*found, *with_vector], vector), nearest
 
         return result
