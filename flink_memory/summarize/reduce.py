@@ -85,11 +85,21 @@ class ReduceJob(StateModel):
     def _final_target(self, budget: Budget) -> int:
         return min(self.target_tokens or budget.max_output_tokens, budget.max_output_tokens)
 
+    def one_call(self, budget: Budget) -> bool:
+        """Whether the job, packed at the counter's scale of now, is one request (nothing frozen)."""
+        return self.scale is not None or self._plan_at(budget, self._scale_now(budget))[0]
+
+    def _scale_now(self, budget: Budget) -> float:
+        """The scale a round packed now takes: the kind's, or tighter where the job's own text taught it (the
+        last round's reports, or for a merge or global the agent's summaries: `SummaryTree.summary_ratio`)."""
+        scale = budget.counter.scale_for(self.purpose)
+        if self.own_ratio is not None:
+            scale = min(scale, budget.counter.calibration.scale_of(self.own_ratio))
+        return scale
+
     def _plan(self, budget: Budget) -> tuple[bool, list[list[dict[str, Any]]]]:
         if self.scale is None:
-            self.scale = budget.counter.scale_for(self.purpose)
-            if self.own_ratio is not None:  # (from the second round on)
-                self.scale = min(self.scale, budget.counter.calibration.scale_of(self.own_ratio))
+            self.scale = self._scale_now(budget)
         final, groups = self._plan_at(budget, self.scale)
         if final or self._round_purpose == self.purpose:
             return final, groups
