@@ -34,6 +34,10 @@ class ChatRequest:
     seed: int | None = None
     json_schema: str | None = None  # canonical JSON of the schema, kept as text so the request is hashable
     kind: str = field(default="", compare=False)
+    # the scale it was packed at when that came from its own text's reports (a job's earlier round, or an
+    # agent's summaries: `ReduceJob.own_ratio`), not from its kind's: what the client checks it by at most
+    # (its kind's scale says how other agents' text counts). Not canonical either
+    bound: float | None = field(default=None, compare=False)
 
     @classmethod
     def build(
@@ -47,6 +51,7 @@ class ChatRequest:
         seed: int | None = None,
         json_schema: dict[str, Any] | None = None,
         kind: str = "",
+        bound: float | None = None,
     ) -> ChatRequest:
         return cls(
             model=model,
@@ -57,6 +62,7 @@ class ChatRequest:
             seed=seed,
             json_schema=json.dumps(json_schema, sort_keys=True) if json_schema is not None else None,
             kind=kind,
+            bound=bound,
         )
 
     def canonical(self) -> dict[str, Any]:
@@ -148,8 +154,10 @@ class RequestFactory:
         json_schema: dict[str, Any] | None = None,
         scale: float | None = None,
         kind: str = "",
+        own_scale: bool = False,
     ) -> ChatRequest:
-        """A request that fits the window by the counter at `scale` (the job's frozen scale)."""
+        """A request that fits the window by the counter at `scale` (the job's frozen scale; `own_scale`: one its
+        own text's reports taught, see `ChatRequest.bound`)."""
         request = ChatRequest.build(
             model=self.model,
             prompt_version=prompt_version,
@@ -159,6 +167,7 @@ class RequestFactory:
             seed=self.seed,
             json_schema=json_schema if self.structured_output else None,
             kind=kind,
+            bound=scale if own_scale else None,
         )
         self.budget.check(messages, request.max_tokens, scale)
         return request

@@ -138,13 +138,17 @@ class ReduceJob(StateModel):
         """The calls of the current round, in order."""
         budget = factory.budget
         final, groups = self._plan(budget)
+        # a request packed no looser than its own text's reports allow is checked by those (ChatRequest.bound)
+        own = None if self.own_ratio is None else budget.counter.calibration.scale_of(self.own_ratio)
         if final:
             return [factory.build(messages_for(self.purpose, groups[0], self._final_target(budget)),
-                                  prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale, kind=self.purpose)]
+                                  prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale, kind=self.purpose,
+                                  own_scale=own is not None and (self.scale or 1.0) <= own)]
         target = self._round_target(budget, len(groups))
         scale = max(self.scale or 0.0, self.round_scale or 0.0)
         return [factory.build(messages_for(self._round_purpose, group, target),
-                              prompt_version=SUMMARY_PROMPT_VERSION, scale=scale, kind=self._round_purpose)
+                              prompt_version=SUMMARY_PROMPT_VERSION, scale=scale, kind=self._round_purpose,
+                              own_scale=own is not None and scale <= own)
                 for group in groups]
 
     def advance(self, factory: RequestFactory, results: list[ChatResult]) -> str | None:
