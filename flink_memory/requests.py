@@ -34,9 +34,10 @@ class ChatRequest:
     seed: int | None = None
     json_schema: str | None = None  # canonical JSON of the schema, kept as text so the request is hashable
     kind: str = field(default="", compare=False)
-    # the scale it was packed at when that came from its own text's reports (a job's earlier round, or an
-    # agent's summaries: `ReduceJob.own_ratio`), not from its kind's: what the client checks it by at most
-    # (its kind's scale says how other agents' text counts). Not canonical either
+    # the scale it was packed at when that came from what the provider reported of its own text (a job's
+    # earlier round, an agent's summaries: `ReduceJob.own_ratio`; each summary's count when it was written:
+    # `prompts.written_bound`), not from its kind's, which says how other agents' text counts: what the client
+    # checks it by at most (a factor of the request's raw count). Not canonical either
     bound: float | None = field(default=None, compare=False)
 
     @classmethod
@@ -154,10 +155,10 @@ class RequestFactory:
         json_schema: dict[str, Any] | None = None,
         scale: float | None = None,
         kind: str = "",
-        own_scale: bool = False,
+        bound: float | None = None,
     ) -> ChatRequest:
-        """A request that fits the window by the counter at `scale` (the job's frozen scale; `own_scale`: one its
-        own text's reports taught, see `ChatRequest.bound`)."""
+        """A request that fits the window by the counter at `scale` (the job's frozen scale), or at `bound`
+        where its own text taught that (`ChatRequest.bound`)."""
         request = ChatRequest.build(
             model=self.model,
             prompt_version=prompt_version,
@@ -167,7 +168,7 @@ class RequestFactory:
             seed=self.seed,
             json_schema=json_schema if self.structured_output else None,
             kind=kind,
-            bound=scale if own_scale else None,
+            bound=bound,
         )
-        self.budget.check(messages, request.max_tokens, scale)
+        self.budget.check(messages, request.max_tokens, scale if bound is None else bound)
         return request

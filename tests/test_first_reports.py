@@ -7,7 +7,6 @@ while it is in flight are held in their buffers, and packed at the scale it teac
 
 import json
 
-import pytest
 from stagekit import Pipeline, Stage, cfg
 
 from flink_memory.requests import ChatResult, LLMCallError, RequestFactory
@@ -114,11 +113,11 @@ def test_the_end_of_input_waits_for_the_lead_then_closes_every_unit():
     assert sum(entries(r) for r in started(effects)) == 120 and not held(effects)
 
 
-# --- merges and globals: an agent's own summaries teach how they count ------------------------------------
+# --- merges and globals: the provider counted each summary when it wrote it ---------------------------------
 
 def tree_pipeline(*settings):
-    """A pipeline whose provider counts half of our estimate, reports it, and answers with a long summary
-    in the words of its input (as summaries are: names, numbers and dates)."""
+    """A pipeline whose provider counts half of our estimate, reports it (completion tokens too), and answers
+    with a long summary in the words of its input (as summaries are: names, numbers and dates)."""
     config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", *settings)
     tokenizer = EstimateTokenizer()
     factory = RequestFactory.from_config(config.llm, TokenCounter(tokenizer, make_calibration(tokenizer)))
@@ -129,57 +128,30 @@ def tree_pipeline(*settings):
         factory.counter.observe(messages, reported, request.kind)
         lines = [line for line in request.messages[-1][1].splitlines() if not line.startswith("@")]
         text = " ".join(lines)[: request.max_tokens * 3]
-        return ChatResult(text=text, prompt_tokens=reported, completion_tokens=request.max_tokens, model="m")
+        return ChatResult(text=text, prompt_tokens=reported, completion_tokens=factory.counter.raw(text) // 2,
+                          model="m")
 
     return Pipeline(config, answer, factory=factory), factory
 
 
 def records(agent, n):
-    return [json.loads(unit(agent, i)) | {"id": f"m{i}"} for i in range(n)]
+    return [{k: v for k, v in json.loads(unit(agent, i)).items() if k in ("agent_id", "text", "ts")} | {"id": f"m{i}"}
+            for i in range(n)]
 
 
-def test_a_global_packs_by_what_the_agents_own_merges_reported():
+def test_an_agents_first_merge_and_global_are_packed_by_the_providers_count_of_their_summaries():
+    """Before merges or globals have reported, the upper bound would merge a few summaries at a time and
+    condense the global in rounds; each summary's completion count bounds its line instead."""
     pipeline, factory = tree_pipeline("batching.max_items=4", "summarization.fan_in=8")
-    pipeline.feed(*[{k: r[k] for k in ("agent_id", "id", "text", "ts")} for r in records("a", 4 * 24)]).end()
+    pipeline.feed(*records("a", 4 * 24)).end()
     merges = [r for r in pipeline.sent if r.kind == "merge"]
     globals_ = [r for r in pipeline.sent if r.kind == "global"]
-    tree = json.loads(pipeline.stages[2].state.values[("a", "merger_tree")])
-    assert len(merges) >= 2 and tree["summary_ratio"] == pytest.approx(0.5, abs=0.01)
+    assert [entries(r) for r in merges] == [8, 8, 8]  # fan_in each, the first too
     assert len(globals_) == 1 and len(pipeline.nodes("global")) == 1  # one call, no condensing round
-    request = globals_[0]
-    # packed by the merges' ratio, not the upper bound of a kind that had not reported, and checked by it
-    assert request.bound is not None and request.bound < 0.6
-    assert factory.counter.request(request.message_dicts(), 1.0) + 256 > 2048  # at the upper bound: two rounds
-    assert factory.counter.request(request.message_dicts(), request.bound) + 256 <= 2048
-
-
-def batch_node(agent, n, text):
-    from flink_memory.records import SummaryNode
-    from flink_memory.summarize.node_ids import NodeId
-
-    return SummaryNode(agent_id=agent, node_id=str(NodeId.batch(n)), kind="batch", level=1, children=[f"u{n}"],
-                       text=text, item_count=1, first_ts=f"2026-03-{1 + n % 28:02d}T10:00:00Z",
-                       last_ts=f"2026-03-{1 + n % 28:02d}T10:00:00Z", model="m").model_dump_json()
-
-
-def test_merges_wait_for_the_agents_first_merge_report_then_group_by_it():
-    from flink_memory.stages.merger import MergerCore
-
-    config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "summarization.fan_in=8")
-    tokenizer = EstimateTokenizer()
-    factory = RequestFactory.from_config(config.llm, TokenCounter(tokenizer, make_calibration(tokenizer)))
-    stage = Stage("merger", MergerCore(config, factory, bounded=True))
-    text = " ".join(json.loads(unit("a", i))["text"] for i in range(4))  # a long batch summary
-    finished, sent = {}, {}
-    for n in range(1, 21):
-        sent |= {r.digest: r for r in stage.activate("a", batch_node("a", n, f"{n} {text}"), finished, n).start}
-    sent = list(sent.values())
-    assert len(sent) == 1  # the lead: every other group the upper bound would close waits for its report
-    lead = sent[0]
-    messages = lead.message_dicts()
-    reported = factory.counter.raw_request(messages) // 2
-    factory.counter.observe(messages, reported, "merge")
-    finished[lead.digest] = ChatResult(text="merged", prompt_tokens=reported, completion_tokens=9, model="m")
-    later = started(stage.activate("a", None, finished, 20))
-    assert later and all(entries(r) > entries(lead) for r in later)  # grouped by what it taught
-    assert all(r.bound is not None for r in later)
+    for request in merges[:1] + globals_:
+        messages = request.message_dicts()
+        assert factory.counter.request(messages, 1.0) + 256 > 2048  # at the upper bound it would not fit
+        # the client checks it by its bound, and the provider's count fits the window
+        assert request.bound is not None and factory.counter.request(messages, request.bound) + 256 <= 2048
+        assert factory.counter.raw_request(messages) // 2 + 256 <= 2048
+    assert sorted(u for n in pipeline.nodes("batch") for u in n["children"]) == sorted(f"m{i}" for i in range(96))

@@ -19,13 +19,11 @@ the batcher's own log of unit rows and batch nodes (stages.unit_rows).
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
 from flink_memory.records import DeadLetter, SummaryNode
-from flink_memory.requests import ChatRequest, RequestFactory
+from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
@@ -34,7 +32,7 @@ from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.tree import ChildRef, MergeStart, SummaryTree, merge_entry
+from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
 TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
 SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
@@ -189,30 +187,20 @@ class MergerCore:
         """A new node joins the frontier; the merges it completes start (and may finish) at once."""
         state.put(NODES, node.node_id, StoredNode(node=node, newest_ms=newest))
         self._schedule_sweep(state, now_ms)
-        self._start_merges(state, tree, tree.add(node, self.fan_in, self.factory.budget, self._lookup(state)),
-                           finished, now_ms, effects)
-
-    @staticmethod
-    def _lookup(state: StateTransaction) -> Callable[[str], SummaryNode]:
-        return lambda node_id: state.entry(NODES, node_id).node
-
-    def _start_merges(self, state: StateTransaction, tree: SummaryTree, starts: list[MergeStart], finished: Finished,
-                      now_ms: int, effects: Effects) -> None:
-        for start in starts:
+        for start in tree.add(node, self.fan_in, self.factory.budget, lambda i: state.entry(NODES, i).node):
             children = [c for c in start.children if c.item_count]
-            job = self._merge_job(tree, start.node_id, start.level, children)
+            job = self._merge_job(start.node_id, start.level, children)
             for child in start.children:
                 stored = state.entry(NODES, child.node_id)
                 state.put(NODES, child.node_id, stored.model_copy(update={"parent": start.node_id}))
             self._run_merge(state, tree, job, finished, now_ms, effects)
 
-    def _merge_job(self, tree: SummaryTree, node_id: str, level: int, children: list[SummaryNode],
+    def _merge_job(self, node_id: str, level: int, children: list[SummaryNode],
                    replaces: list[str] | None = None) -> ParentJob:
-        """A merge, packed as the tree grouped it: at the agent's summary ratio where it has one."""
         return ParentJob(node_id=node_id, level=level, children=[ChildRef.of(c) for c in children],
                          replaces=replaces or [],
                          job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in children],
-                                       target_tokens=self.merge_target, own_ratio=tree.summary_ratio))
+                                       target_tokens=self.merge_target))
 
     def _parent_text(self, job: ParentJob, finished: Finished, now_ms: int, effects: Effects) -> str | None:
         """A merge's or global's text once made (None while its calls run). One child is its own summary and
@@ -221,18 +209,7 @@ class MergerCore:
             return job.job.entries[0]["text"] if job.children else ""
         progress = drive(job.job, self.factory, finished, now_ms, self.retry)
         effects.track(progress, job.job)
-        calibration = self.factory.budget.counter.calibration
-        calibration.settle(progress.consumed)
-        calibration.follow("global", [request for request in progress.start if request.kind == "global"])
         return progress.value if progress.state == "done" else None
-
-    def _lead(self, finished: Finished) -> ChatRequest | None:
-        """The process's first global request while it is in flight and before any global has reported: a
-        global that does not fit one request at the estimate's upper bound waits for that report rather than
-        pay a round of groups (globals are made together at the end of a bounded input). One that fits goes."""
-        if self.factory.budget.counter.exact:
-            return None
-        return self.factory.budget.counter.calibration.lead("global", finished)
 
     def _run_merge(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, finished: Finished,
                    now_ms: int, effects: Effects) -> None:
@@ -244,12 +221,7 @@ class MergerCore:
         node = self._parent_node(state.key, job, "merge", text)
         effects.counts["merges"] += 1
         self._write(node, effects)
-        held = tree.summary_ratio is None
-        tree.learned(job.job.own_ratio)
         self._arrive(state, tree, node, now_ms, finished, effects)
-        if held and tree.summary_ratio is not None:  # nodes that waited for this report: grouped by it now
-            self._start_merges(state, tree, tree.regroup(self.fan_in, self.factory.budget, self._lookup(state)),
-                               finished, now_ms, effects)
 
     def _supersede(self, state: StateTransaction, tree: SummaryTree, old_id: str, new: SummaryNode, newest: int,
                    now_ms: int, finished: Finished, effects: Effects) -> None:
@@ -293,8 +265,8 @@ class MergerCore:
                     and stored.node.item_count]
         for child in children:
             state.put(NODES, child.node_id, state.entry(NODES, child.node_id).model_copy(update={"parent": job.node_id}))
-        self._run_merge(state, tree, self._merge_job(tree, job.node_id, job.level, children, job.replaces),
-                        finished, now_ms, effects)
+        self._run_merge(state, tree, self._merge_job(job.node_id, job.level, children, job.replaces), finished,
+                        now_ms, effects)
 
     def _advance(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, finished: Finished,
                  now_ms: int, effects: Effects) -> Effects:
@@ -307,10 +279,6 @@ class MergerCore:
             due = self._global_due(schedule)
             if due is not None and now_ms >= due:
                 pending = self._start_global(state, tree)
-                lead = self._lead(finished)
-                if lead is not None and not pending.job.one_call(self.factory.budget):
-                    effects.waiting.append(lead)  # woken when it ends: packed then by what it taught
-                    pending = None
             elif due is not None:
                 effects.wake(due)
         if pending is not None:
@@ -350,8 +318,7 @@ class MergerCore:
         node_id, version = tree.next_global_id()
         return ParentJob(node_id=node_id, version=version, children=[ChildRef.of(n) for n in frontier],
                          replaces=tree.replaced_globals(),
-                         job=ReduceJob(purpose="global", entries=[merge_entry(n) for n in frontier],
-                                       own_ratio=tree.summary_ratio))
+                         job=ReduceJob(purpose="global", entries=[merge_entry(n) for n in frontier]))
 
     def _run_global(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, pending: ParentJob,
                     finished: Finished, now_ms: int, effects: Effects) -> None:
@@ -364,7 +331,6 @@ class MergerCore:
         if self.keep == KEEP["batch_and_global"] and pending.children:  # its merges are not written: name
             node = node.model_copy(update={"children": tree.live_batch_ids()})  # the batches it covers
         tree.global_done([c.node_id for c in pending.children], node.version or 0)
-        tree.learned(pending.job.own_ratio)
         schedule.last_global_ms = now_ms
         effects.counts["globals"] += 1
         self._write(node, effects)

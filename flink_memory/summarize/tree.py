@@ -24,9 +24,13 @@ from flink_memory.tokens.budget import Budget
 
 
 def merge_entry(node: SummaryNode | dict[str, Any]) -> dict[str, Any]:
-    """How a child node appears in a merge prompt: its time range and its text."""
+    """How a child node appears in a merge prompt: its time range and its text (and, for packing, the tokens
+    the provider counted when it wrote the text: `prompts.written_bound`)."""
     data = node.model_dump(mode="json") if isinstance(node, SummaryNode) else node
-    return {"text": data["text"], "from": data.get("first_ts"), "to": data.get("last_ts")}
+    entry = {"text": data["text"], "from": data.get("first_ts"), "to": data.get("last_ts")}
+    if data.get("completion_tokens"):
+        entry["tokens"] = data["completion_tokens"]
+    return entry
 
 
 class ChildRef(BaseModel):
@@ -76,10 +80,6 @@ class SummaryTree(StateModel):
     # globals written by release 0.1.0, whose nodes name no predecessor: the next global (or a forget) replaces
     # all of them
     legacy_globals: int = 0
-    # the largest ratio (provider count / our count) the provider reported for this agent's merges and globals:
-    # how the agent's summaries count. Its merges and globals pack by it (with the calibration's margin) even
-    # before their kind has reported in this process; None until one of them has reported
-    summary_ratio: float | None = None
 
     def written_batches(self, first: int = 1) -> list[int]:
         """Numbers of the batches written from `first` on, oldest first."""
@@ -130,35 +130,6 @@ class SummaryTree(StateModel):
 
     # --- growth --------------------------------------------------------------------------------------
 
-    def learned(self, ratio: float | None) -> None:
-        """A merge or global of this agent reported `ratio` (see `summary_ratio`)."""
-        if ratio is not None and ratio > 0:
-            self.summary_ratio = max(ratio, self.summary_ratio or 0.0)
-
-    def merge_scale(self, budget: Budget) -> float:
-        """The scale this agent's merges pack at: the kind's, or tighter where its own summaries taught it."""
-        scale = budget.counter.scale_for("merge")
-        if self.summary_ratio is not None:
-            scale = min(scale, budget.counter.calibration.scale_of(self.summary_ratio))
-        return scale
-
-    def waits_for_a_report(self, budget: Budget) -> bool:
-        """Whether a merge that fills its request before `fan_in` waits: while the agent's first merge runs
-        and nothing has taught how merges count, a group closed by the estimate's upper bound would hold a few
-        nodes (about half of what fits); once that merge reports, the nodes are grouped by what it taught."""
-        return (not budget.counter.exact and self.summary_ratio is None
-                and budget.counter.calibration.scale_for("merge") >= budget.counter.calibration.initial
-                and not self.settled())
-
-    def regroup(self, fan_in: int | None, budget: Budget, lookup: Callable[[str], SummaryNode]) -> list[MergeStart]:
-        """The merges that are ready on any level (after a report changed how nodes pack)."""
-        started: list[MergeStart] = []
-        level = 1
-        while fan_in and level <= len(self.levels):
-            started.extend(self._form_groups(level, fan_in, budget, lookup))
-            level += 1
-        return started
-
     def add(self, node: SummaryNode, fan_in: int | None, budget: Budget,
             lookup: Callable[[str], SummaryNode]) -> list[MergeStart]:
         """A finished node joins the frontier of its level; returns the merges this makes ready.
@@ -183,11 +154,10 @@ class SummaryTree(StateModel):
                      lookup: Callable[[str], SummaryNode]) -> list[MergeStart]:
         started: list[MergeStart] = []
         # packed as the merge job will pack it: by what the provider's counts of summaries and merges taught
-        scale = self.merge_scale(budget)
+        scale = budget.counter.scale_for("merge")
         limit = entry_limit(budget, "merge", scale)
         slots = self._level(level)
         while True:
-            hold = self.waits_for_a_report(budget)
             group: list[SummaryNode] = []
             packer = Packer(budget.counter, scale)
             ready = False
@@ -197,11 +167,11 @@ class SummaryTree(StateModel):
                 node = lookup(slot.node_id)
                 entry = merge_entry(node)
                 if len(group) >= 2 and packer.used + packer.cost(entry) > limit:
-                    ready = not hold  # the next node would not fit this request
+                    ready = True  # the next node would not fit this request
                     break
                 group.append(node)
                 packer.add(entry)
-                if len(group) >= fan_in or (len(group) == 2 and packer.used > limit and not hold):
+                if len(group) >= fan_in or (len(group) == 2 and packer.used > limit):
                     ready = True  # two nodes that do not fit one request: the merge job condenses them
                     break
             if not ready or not group:
