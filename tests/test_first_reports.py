@@ -74,6 +74,21 @@ def test_batches_closed_while_the_first_is_in_flight_wait_for_its_report_and_are
     assert sum(entries(r) for r in batches) < 200  # the rest stays buffered for the next units
 
 
+def test_the_batch_opened_before_the_lead_reported_is_packed_by_the_report():
+    """The lead reports before the buffer behind it (opened at the upper bound) is full: that buffer is packed
+    by the report too, not closed half full at the scale it was opened with."""
+    stage, factory = batcher()
+    finished = {}
+    lead, _ = feed(stage, "a", 30, finished)
+    messages = lead[0].message_dicts()
+    factory.counter.observe(messages, factory.counter.request(messages) // 2, "batch")
+    finished[lead[0].digest] = ChatResult(text="s", prompt_tokens=1, completion_tokens=1, model="m")
+    batches = []
+    for i in range(30, 200):
+        batches += started(stage.activate("a", unit("a", i), finished, 10 + i))
+    assert batches and entries(batches[0]) > 1.5 * entries(lead[0])
+
+
 def test_a_lead_that_fails_releases_the_held_batches_at_the_upper_bound():
     stage, _ = batcher()
     finished = {}

@@ -208,9 +208,12 @@ class BatcherCore:
 
     def _release(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, finished: Finished,
                  now_ms: int, effects: Effects) -> bool:
-        """A buffer held past the budget while the lead was in flight is packed again at the scale of now, once
-        there is nothing more to wait for; True when a batch it closed is already summarized (a journal hit)."""
-        if not buffer.held(self.limits, self.factory.budget) or self._lead(finished) is not None:
+        """A buffer held past the budget while the lead was in flight, or opened before the lead reported (at the
+        upper bound), is packed again at the scale of now once there is nothing more to wait for; True when a
+        batch it closed is already summarized (a journal hit)."""
+        budget = self.factory.budget
+        stale = buffer.count > 0 and buffer.scale is not None and buffer.scale > budget.counter.scale_for("batch")
+        if not (stale or buffer.held(self.limits, budget)) or self._lead(finished) is not None:
             return False
         entries = [None if (stored := state.entry(UNITS, _key(seq))) is None else unit_entry(stored.unit)
                    for seq in range(buffer.first, buffer.next_seq)]
