@@ -1,15 +1,11 @@
-"""Each kind's first request leads: what would be packed at the estimate's upper bound waits for its report.
-
-Before any batch has reported, a batch the token budget closes is packed at scale 1 (about half full on a
-real vocabulary). The process's first such batch goes at once; the batches that the budget would close
-while it is in flight are held in their buffers, and packed at the scale it teaches once it ends.
-"""
+"""The first requests of a kind go out full: batches opened before the first batch report are packed by it,
+merges and globals count each summary by the provider's own count of it (issue 33)."""
 
 import json
 
 from stagekit import Pipeline, Stage, cfg
 
-from flink_memory.requests import ChatResult, LLMCallError, RequestFactory
+from flink_memory.requests import ChatResult, RequestFactory
 from flink_memory.stages.batcher import BatcherCore
 from flink_memory.tokens.calibration import make_calibration
 from flink_memory.tokens.counter import TokenCounter
@@ -35,11 +31,6 @@ def entries(request):
     return sum(1 for line in request.messages[-1][1].splitlines() if not line.startswith("@"))
 
 
-def held(effects):
-    """The calls an activation waits for besides its own."""
-    return [r for r in effects.waiting if r not in effects.start]
-
-
 def started(effects):
     return list({r.digest: r for r in effects.start}.values())  # (a pending batch may be driven twice)
 
@@ -49,34 +40,13 @@ def feed(stage, agent, units, finished, now=0):
     for i in range(units):
         effects = stage.activate(agent, unit(agent, i), finished, now)
         started += effects.start
-        waiting = held(effects)
+        waiting = [r for r in effects.waiting if r not in effects.start]
     return started, waiting
 
 
-def test_batches_closed_while_the_first_is_in_flight_wait_for_its_report_and_are_packed_by_it():
-    stage, factory = batcher()
-    finished = {}
-    lead, waiting = feed(stage, "a", 60, finished)
-    assert len(lead) == 1 and waiting == lead  # the buffer behind it holds more than one batch's worth
-    first = entries(lead[0])
-    others, waiting = feed(stage, "b", 200, finished)
-    assert others == [] and waiting == lead  # another agent's batches wait too
-    # the provider counts half of our estimate
-    messages = lead[0].message_dicts()
-    factory.counter.observe(messages, factory.counter.request(messages) // 2, "batch")
-    finished[lead[0].digest] = ChatResult(text="s", prompt_tokens=1, completion_tokens=1, model="m")
-    effects = stage.activate("b", None, finished, 10)
-    batches = started(effects)
-    assert batches and not held(effects)
-    assert all(entries(r) > 1.5 * first for r in batches)  # packed by the report, fuller
-    sizes = [factory.counter.request(r.message_dicts(), factory.counter.scale_for("batch")) for r in batches]
-    assert max(sizes) + 256 <= 2048
-    assert sum(entries(r) for r in batches) < 200  # the rest stays buffered for the next units
-
-
-def test_the_batch_opened_before_the_lead_reported_is_packed_by_the_report():
-    """The lead reports before the buffer behind it (opened at the upper bound) is full: that buffer is packed
-    by the report too, not closed half full at the scale it was opened with."""
+def test_the_batch_opened_before_the_first_report_is_packed_by_it():
+    """The first batch reports before the buffer behind it (opened at the upper bound) is full: that buffer is
+    packed by the report, not closed half full at the scale it was opened with."""
     stage, factory = batcher()
     finished = {}
     lead, _ = feed(stage, "a", 30, finished)
@@ -87,45 +57,6 @@ def test_the_batch_opened_before_the_lead_reported_is_packed_by_the_report():
     for i in range(30, 200):
         batches += started(stage.activate("a", unit("a", i), finished, 10 + i))
     assert batches and entries(batches[0]) > 1.5 * entries(lead[0])
-
-
-def test_a_lead_that_fails_releases_the_held_batches_at_the_upper_bound():
-    stage, _ = batcher()
-    finished = {}
-    lead, _ = feed(stage, "a", 30, finished)
-    others, waiting = feed(stage, "b", 120, finished)
-    assert others == [] and waiting == lead
-    finished[lead[0].digest] = LLMCallError("down")
-    effects = stage.activate("b", None, finished, 10)
-    assert started(effects) and not held(effects)  # no second wait: packed as without a report
-    assert all(abs(entries(r) - entries(lead[0])) <= 2 for r in started(effects))
-
-
-def test_batches_closed_by_count_and_exact_tokenizers_never_wait():
-    config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "batching.max_items=5")
-    stage = Stage("batcher", BatcherCore(config, RequestFactory.from_config(config.llm, TokenCounter())))
-    started, waiting = feed(stage, "a", 20, {})
-    assert len(started) == 4 and not waiting
-
-    exact = EstimateTokenizer(exact=True)
-    config = cfg(*SETTINGS)
-    factory = RequestFactory.from_config(config.llm, TokenCounter(exact, make_calibration(exact)))
-    stage = Stage("batcher", BatcherCore(config, factory))
-    started, waiting = feed(stage, "a", 200, {})
-    assert len(started) >= 3 and not waiting
-
-
-def test_the_end_of_input_waits_for_the_lead_then_closes_every_unit():
-    stage, factory = batcher()
-    finished = {}
-    lead, _ = feed(stage, "a", 30, finished)
-    feed(stage, "b", 120, finished)
-    core = stage.core
-    effects = stage.run("b", lambda tx: core.on_end(tx, finished, 5))
-    assert effects.start == [] and effects.waiting == lead
-    finished[lead[0].digest] = ChatResult(text="s", prompt_tokens=1, completion_tokens=1, model="m")
-    effects = stage.run("b", lambda tx: core.on_end(tx, finished, 6))
-    assert sum(entries(r) for r in started(effects)) == 120 and not held(effects)
 
 
 # --- merges and globals: the provider counted each summary when it wrote it ---------------------------------

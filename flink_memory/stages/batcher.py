@@ -21,7 +21,7 @@ from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
-from flink_memory.requests import ChatRequest, RequestFactory
+from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
 from flink_memory.stages.protocol import Culprit
@@ -128,20 +128,19 @@ class BatcherCore:
         effects.counts["units_in"] += 1
         _send(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
         summarized = self._release(state, buffer, meta, finished, now_ms, effects)
-        lead = self._lead(finished)
-        for taken in buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget, hold=lead is not None):
+        for taken in buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget):
             batch = self._open_batch(state, meta, taken)
             if batch is not None:  # (only a batch summarized now can let batches leave: the others wait for a wake)
                 self._drive(state, batch, finished, now_ms, effects)
                 summarized = summarized or batch.text is not None
-        return self._finish(state, buffer, meta, effects, now_ms, emit=summarized, finished=finished)
+        return self._finish(state, buffer, meta, effects, now_ms, emit=summarized)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
         effects = Effects()
         self._release(state, buffer, meta, finished, now_ms, effects)
         due = self._flush_due(buffer, meta)
-        if buffer.count and due is not None and now_ms >= due and not buffer.held(self.limits, self.factory.budget):
+        if buffer.count and due is not None and now_ms >= due:
             self._open_batch(state, meta, buffer.take())
         for _, batch in state.items(BATCHES):
             if batch.text is None:
@@ -149,7 +148,7 @@ class BatcherCore:
         for seq in list(meta.resummarizing):
             self._resummarize(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
         self._sweep(state, meta, now_ms)
-        return self._finish(state, buffer, meta, effects, now_ms, finished=finished)
+        return self._finish(state, buffer, meta, effects, now_ms)
 
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         _, meta = self._load(state)
@@ -197,29 +196,18 @@ class BatcherCore:
 
     # --- batches -------------------------------------------------------------------------------------
 
-    def _lead(self, finished: Finished) -> ChatRequest | None:
-        """The process's first batch request while it is in flight and before any batch has reported: a batch
-        the token budget closes now would be packed at the estimate's upper bound (about half full on a real
-        vocabulary), so it is held until that report comes (`BatchBuffer.add`'s `hold`). Batches closed by
-        `batching.max_items` within the budget, and every batch with an exact tokenizer, go at once."""
-        if self.factory.budget.counter.exact:
-            return None
-        return self.factory.budget.counter.calibration.lead("batch", finished)
-
     def _release(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, finished: Finished,
                  now_ms: int, effects: Effects) -> bool:
-        """A buffer held past the budget while the lead was in flight, or opened before the lead reported (at the
-        upper bound), is packed again at the scale of now once there is nothing more to wait for; True when a
-        batch it closed is already summarized (a journal hit)."""
+        """A buffer opened before the first batch report (at the estimate's upper bound: about half full on a
+        real vocabulary) is packed again by what the report taught once it has come, rather than closed at
+        the scale it was opened with; True when a batch it closed is already summarized (a journal hit)."""
         budget = self.factory.budget
-        stale = buffer.count > 0 and buffer.scale is not None and buffer.scale > budget.counter.scale_for("batch")
-        if not (stale or buffer.held(self.limits, budget)) or self._lead(finished) is not None:
+        if not buffer.count or buffer.scale is None or buffer.scale <= budget.counter.scale_for("batch"):
             return False
         entries = [None if (stored := state.entry(UNITS, _key(seq))) is None else unit_entry(stored.unit)
                    for seq in range(buffer.first, buffer.next_seq)]
         summarized = False
-        for taken in buffer.repack(entries, self.limits, now_ms, self.factory.budget,
-                                   lambda: self._lead(finished) is not None):
+        for taken in buffer.repack(entries, self.limits, now_ms, budget):
             batch = self._open_batch(state, meta, taken)
             if batch is not None:
                 self._drive(state, batch, finished, now_ms, effects)
@@ -272,9 +260,6 @@ class BatcherCore:
                effects: Effects) -> None:
         progress = drive(batch.job, self.factory, finished, now_ms, self.retry)
         effects.track(progress, batch.job)
-        calibration = self.factory.budget.counter.calibration
-        calibration.settle(progress.consumed)
-        calibration.follow("batch", [request for request in progress.start if request.kind == "batch"])
         if progress.state == "done":
             batch.text = progress.value
         state.put(BATCHES, _key(batch.seq), batch)
@@ -419,14 +404,11 @@ class BatcherCore:
         meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if state.keys(DONE) else None
 
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
-                now_ms: int, *, emit: bool = True, finished: Finished | None = None) -> Effects:
+                now_ms: int, *, emit: bool = True) -> Effects:
         if emit:
             self._emit(state, meta, effects, now_ms)
         due = self._flush_due(buffer, meta)
-        lead = self._lead(finished) if finished is not None and buffer.held(self.limits, self.factory.budget) else None
-        if lead is not None:  # woken when it ends (a flush waits for it too)
-            effects.waiting.append(lead)
-        elif buffer.count and due is not None:
+        if buffer.count and due is not None:
             effects.wake(max(due, now_ms))
         effects.sweep(meta.next_sweep_ms)
         state.set(BUFFER, buffer if buffer.count or buffer.first else None)

@@ -6,7 +6,7 @@ by sequence number, so adding a unit reads and writes one entry, never the whole
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -69,40 +69,30 @@ class BatchBuffer(StateModel):
         """The sequence number the next unit gets."""
         return self.first + self.count
 
-    def add(self, entry: dict[str, Any], limits: BatchLimits, now_ms: int, budget: Budget, *,
-            hold: bool = False) -> list[ClosedBatch]:
+    def add(self, entry: dict[str, Any], limits: BatchLimits, now_ms: int, budget: Budget) -> list[ClosedBatch]:
         """Add one entry (it gets `next_seq`); returns the batches this closes.
 
         Costs are counted as the batch request renders them (a date line only where the day changes). A unit
-        larger than the whole budget is a batch of its own (the reduce job splits its text). `hold`: a batch
-        the token budget would close stays open past it (it is `held`) until `repack` closes it at the scale
-        of that time; a batch that `batching.max_items` closes within the budget still closes.
+        larger than the whole budget is a batch of its own (the reduce job splits its text).
         """
         closed: list[ClosedBatch] = []
         self._open(budget, now_ms)
         cost = self._packer(budget).cost(entry)
-        if self.count and self.tokens + cost > limits.max_tokens(budget, self.scale) and not hold:
+        if self.count and self.tokens + cost > limits.max_tokens(budget, self.scale):
             closed.append(self.take())
             self._open(budget, now_ms)
             cost = self._packer(budget).cost(entry)
         self.count += 1
         self.tokens += cost
         self.last = {"from": entry.get("from"), "to": entry.get("to"), "text": ""}
-        room = limits.max_tokens(budget, self.scale)
-        if (self.count >= limits.max_items and self.tokens <= room) or (self.tokens >= room and not hold):
+        if self.count >= limits.max_items or self.tokens >= limits.max_tokens(budget, self.scale):
             closed.append(self.take())
         return closed
 
-    def held(self, limits: BatchLimits, budget: Budget) -> bool:
-        """Whether more is buffered than one batch at the buffer's scale takes (see `add`'s `hold`)."""
-        return bool(self.count) and (self.count > limits.max_items
-                                     or self.tokens > limits.max_tokens(budget, self.scale or 1.0))
-
-    def repack(self, entries: list[dict[str, Any] | None], limits: BatchLimits, now_ms: int, budget: Budget,
-               hold: Callable[[], bool]) -> Iterator[ClosedBatch]:
+    def repack(self, entries: list[dict[str, Any] | None], limits: BatchLimits, now_ms: int,
+               budget: Budget) -> Iterator[ClosedBatch]:
         """Pack the buffered entries again, at the scale of now (`entries`: those of `first` .. `next_seq - 1`,
-        None for a unit retracted meanwhile); yields the batches this closes (the caller may start each before
-        the next is packed: `hold` is asked before every entry), the rest stays buffered."""
+        None for a unit retracted meanwhile); yields the batches this closes, the rest stays buffered."""
         opened_at = self.opened_at_ms
         self.count, self.tokens, self.last, self.scale = 0, 0, None, None
         for entry in entries:
@@ -110,7 +100,7 @@ class BatchBuffer(StateModel):
                 self._open(budget, now_ms)
                 self.count += 1
                 continue
-            yield from self.add(entry, limits, now_ms, budget, hold=hold())
+            yield from self.add(entry, limits, now_ms, budget)
         if self.count and opened_at is not None:  # (the units left over arrived that long ago)
             self.opened_at_ms = min(opened_at, self.opened_at_ms or opened_at)
 

@@ -6,7 +6,6 @@ import math
 import threading
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
 
 from flink_memory.tokens.tokenizer import Tokenizer
 
@@ -36,9 +35,6 @@ class Calibration:
     ratios: dict[str, float] = field(default_factory=dict)
     rejected: dict[str, float] = field(default_factory=dict)
     reports: int = 0
-    # the first request of a kind sent before the kind has reported: the request itself (what later requests
-    # of the kind wait for), None once it has ended (see `lead`)
-    leads: dict[str, Any] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def _own(self, kind: str) -> float | None:
@@ -66,43 +62,6 @@ class Calibration:
     def scale(self) -> float:
         """The most conservative scale: the upper bound, or a kind's learned scale where that is larger."""
         return self.scale_for(None)
-
-    def reported(self, kind: str) -> bool:
-        """Whether `kind` packs by a ratio of its own (a report, a length refusal or a seed from the journal)."""
-        return self._own(kind) is not None
-
-    def lead(self, kind: str, finished: Mapping[str, Any]) -> Any | None:
-        """The first request of `kind` while it is in flight and the kind has not reported: requests of the kind
-        packed now would be packed at the upper bound, so they are better packed once it reports. None when
-        there is nothing to wait for: the kind has reported, none of it was sent yet (the caller's request
-        becomes the lead, `follow`), or the lead has ended (in `finished`, or `settle`d by its owner) without
-        teaching the kind anything (a failure, a provider without usage reports): one wait per kind and process.
-        """
-        if self.reported(kind):
-            return None
-        with self._lock:
-            request = self.leads.get(kind)
-            if request is None:
-                return None
-            if finished.get(request.digest) is not None:
-                self.leads[kind] = None
-                return None
-            return request
-
-    def follow(self, kind: str, requests: list[Any]) -> None:
-        """Requests of `kind` were just started: the first of them leads when nothing of the kind has reported
-        or led before."""
-        if not requests or self.reported(kind):
-            return
-        with self._lock:
-            self.leads.setdefault(kind, requests[0])
-
-    def settle(self, digests: list[str]) -> None:
-        """These calls' results were taken (their pool forgets them): a lead among them has ended."""
-        with self._lock:
-            for kind, request in self.leads.items():
-                if request is not None and request.digest in digests:
-                    self.leads[kind] = None
 
     def snapshot(self) -> dict[str, float]:
         with self._lock:
