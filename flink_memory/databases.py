@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -51,7 +52,14 @@ def sqlite_connect(location: str, *, create: bool = True) -> sqlite3.Connection:
         raise FileNotFoundError(f"no such file: {path}")
     db = sqlite3.connect(str(path), timeout=60, check_same_thread=False, isolation_level=None)
     db.execute("PRAGMA busy_timeout = 60000")
-    db.execute("PRAGMA journal_mode = WAL")
+    for attempt in range(600):  # switching a new file to WAL takes its lock without waiting: another opener's
+        try:  # switch (a job's store sink subtasks open it together) answers "database is locked" at once
+            db.execute("PRAGMA journal_mode = WAL")
+            break
+        except sqlite3.OperationalError as exc:
+            if "locked" not in str(exc) or attempt == 599:
+                raise
+            time.sleep(0.1)
     db.execute("PRAGMA synchronous = NORMAL")
     return db
 

@@ -34,6 +34,11 @@ class ChatRequest:
     seed: int | None = None
     json_schema: str | None = None  # canonical JSON of the schema, kept as text so the request is hashable
     kind: str = field(default="", compare=False)
+    # the scale it was packed at when that came from what the provider reported of its own text (a job's
+    # earlier round, an agent's summaries: `ReduceJob.own_ratio`; each summary's count when it was written:
+    # `prompts.written_bound`), not from its kind's, which says how other agents' text counts: what the client
+    # checks it by at most (a factor of the request's raw count). Not canonical either
+    bound: float | None = field(default=None, compare=False)
 
     @classmethod
     def build(
@@ -47,6 +52,7 @@ class ChatRequest:
         seed: int | None = None,
         json_schema: dict[str, Any] | None = None,
         kind: str = "",
+        bound: float | None = None,
     ) -> ChatRequest:
         return cls(
             model=model,
@@ -57,6 +63,7 @@ class ChatRequest:
             seed=seed,
             json_schema=json.dumps(json_schema, sort_keys=True) if json_schema is not None else None,
             kind=kind,
+            bound=bound,
         )
 
     def canonical(self) -> dict[str, Any]:
@@ -148,8 +155,10 @@ class RequestFactory:
         json_schema: dict[str, Any] | None = None,
         scale: float | None = None,
         kind: str = "",
+        bound: float | None = None,
     ) -> ChatRequest:
-        """A request that fits the window by the counter at `scale` (the job's frozen scale)."""
+        """A request that fits the window by the counter at `scale` (the job's frozen scale), or at `bound`
+        where its own text taught that (`ChatRequest.bound`)."""
         request = ChatRequest.build(
             model=self.model,
             prompt_version=prompt_version,
@@ -159,6 +168,7 @@ class RequestFactory:
             seed=self.seed,
             json_schema=json_schema if self.structured_output else None,
             kind=kind,
+            bound=bound,
         )
-        self.budget.check(messages, request.max_tokens, scale)
+        self.budget.check(messages, request.max_tokens, scale if bound is None else bound)
         return request

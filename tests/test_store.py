@@ -405,3 +405,31 @@ def test_the_run_report_can_end_with_one_recall_on_the_store(tmp_path):
     assert all("spare key" not in line for line in lines)  # bob's memory is not alice's
     missing = ask(str(tmp_path / "absent.sqlite"), "alice", "boat?", load_config(None, [], environ={}).embeddings)
     assert missing[0].startswith("  recall 'boat?': no memory store at")
+
+
+def test_openers_of_a_new_sqlite_store_at_once_all_open_it(tmp_path):
+    """A job's store sink subtasks open a new store together: the columns added to an older store's schema were
+    added by each, and the second ALTER failed ("duplicate column name"), failing the job's start (issue 33:
+    the restart sent the batch requests made before it again)."""
+    import threading
+
+    from flink_memory.store.sqlite import SqliteStore
+
+    errors = []
+    for trial in range(20):
+        path = tmp_path / f"m{trial}.sqlite"
+        barrier = threading.Barrier(3)
+
+        def opener(path=path, barrier=barrier):
+            barrier.wait()
+            try:
+                SqliteStore(str(path), create=True).close()
+            except Exception as exc:  # noqa: BLE001 - any failure is the finding
+                errors.append(repr(exc))
+
+        threads = [threading.Thread(target=opener) for _ in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    assert errors == []

@@ -269,3 +269,18 @@ def test_a_count_from_a_length_rejection_packs_this_process_but_is_never_kept():
     assert calibration.scale_for("batch") == math.ceil(0.5 * 1.05 * 64) / 64
     assert calibration.snapshot() == {"batch": 0.4}
 
+
+
+def test_a_request_packed_by_its_own_texts_reports_is_checked_by_them_before_it_is_sent():
+    """A global packed by the ratio the agent's merges reported (the global kind has not reported: its scale is
+    the upper bound) is sent, not refused unsent by a check at the upper bound."""
+    with ScriptedServer(count=chars_per_token(4)) as server:
+        client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=256")
+        entries = [{"text": " ".join(s.format(k=k) for s in SENTENCES), "from": None, "to": None} for k in range(14)]
+        job = ReduceJob(purpose="global", entries=entries, own_ratio=0.45)
+        [request] = job.requests(client.requests)  # one request at the agent's ratio
+        assert request.bound is not None and request.bound < 1
+        assert client.counter.request(request.message_dicts(), 1.0) + request.max_tokens > 2048
+        client.complete(request)
+        assert len(server.requests) == 1 and not client.stats.snapshot().get("context_rejections")
+        assert prompt_count(server.requests[0]["messages"], chars_per_token(4)) + 256 <= 2048

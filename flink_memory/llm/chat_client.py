@@ -195,8 +195,11 @@ class LLMClient:
         messages = request.message_dicts()
         if (cached := self._from_journal(request, messages)) is not None:
             return cached
+        scale = self.counter.scale_for(request.kind)
+        if request.bound is not None:  # (packed by its own text's reports: other agents' text says nothing of it)
+            scale = min(scale, request.bound)
         try:  # the counter may have learned since the request was packed: never send what may not fit
-            estimate = self.budget.check(messages, request.max_tokens, self.counter.scale_for(request.kind))
+            estimate = self.budget.check(messages, request.max_tokens, scale)
         except RequestTooLarge as exc:
             self.stats.add(context_rejections=1)
             raise ContextOverflow(f"not sent: {exc}") from None

@@ -127,11 +127,10 @@ class BatcherCore:
         state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
         _send(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
-        opened = [self._open_batch(state, meta, taken) for taken in
-                  buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget)]
-        summarized = False  # (only a batch summarized now can let batches leave: the others wait for a wake)
-        for batch in opened:
-            if batch is not None:
+        summarized = self._release(state, buffer, meta, finished, now_ms, effects)
+        for taken in buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget):
+            batch = self._open_batch(state, meta, taken)
+            if batch is not None:  # (only a batch summarized now can let batches leave: the others wait for a wake)
                 self._drive(state, batch, finished, now_ms, effects)
                 summarized = summarized or batch.text is not None
         return self._finish(state, buffer, meta, effects, now_ms, emit=summarized)
@@ -139,6 +138,7 @@ class BatcherCore:
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
         effects = Effects()
+        self._release(state, buffer, meta, finished, now_ms, effects)
         due = self._flush_due(buffer, meta)
         if buffer.count and due is not None and now_ms >= due:
             self._open_batch(state, meta, buffer.take())
@@ -195,6 +195,24 @@ class BatcherCore:
         return self._finish(state, buffer, meta, effects, 0)
 
     # --- batches -------------------------------------------------------------------------------------
+
+    def _release(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, finished: Finished,
+                 now_ms: int, effects: Effects) -> bool:
+        """A buffer opened before the first batch report (at the estimate's upper bound: about half full on a
+        real vocabulary) is packed again by what the report taught once it has come, rather than closed at
+        the scale it was opened with; True when a batch it closed is already summarized (a journal hit)."""
+        budget = self.factory.budget
+        if not buffer.count or buffer.scale is None or buffer.scale <= budget.counter.scale_for("batch"):
+            return False
+        entries = [None if (stored := state.entry(UNITS, _key(seq))) is None else unit_entry(stored.unit)
+                   for seq in range(buffer.first, buffer.next_seq)]
+        summarized = False
+        for taken in buffer.repack(entries, self.limits, now_ms, budget):
+            batch = self._open_batch(state, meta, taken)
+            if batch is not None:
+                self._drive(state, batch, finished, now_ms, effects)
+                summarized = summarized or batch.text is not None
+        return summarized
 
     def _load(self, state: StateTransaction) -> tuple[BatchBuffer, BatcherMeta]:
         return state.get(BUFFER, BatchBuffer) or BatchBuffer(), state.get(META, BatcherMeta) or BatcherMeta()

@@ -148,7 +148,9 @@ class MergerCore:
             effects.dead_letters.append(_dead_job(job, reason, state.key))
             state.put(MERGES, node_id, None)
             text = "\n".join(str(entry["text"]) for entry in job.job.entries)
-            node = self._parent_node(state.key, job, "merge", text).model_copy(update={"model": JOINED_MODEL})
+            # (no completion wrote this text: no count of it bounds its line in the merge above, written_bound)
+            node = self._parent_node(state.key, job, "merge", text).model_copy(
+                update={"model": JOINED_MODEL, "completion_tokens": 0})
             effects.counts["merges_joined"] += 1
             self._write(node, effects)
             self._arrive(state, tree, node, 0, {}, effects)

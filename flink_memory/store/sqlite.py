@@ -92,12 +92,20 @@ class SqliteStore(MemoryStore):
             {";".join(FTS_SCHEMA)};
             COMMIT;
         """)
-        present = {row[1] for row in self._db.execute(f"PRAGMA table_info({NODES})")}
-        for column, kind in ADDED.items():  # a store written before units and vectors
-            if column not in present:
-                self._db.execute(f"ALTER TABLE {NODES} ADD COLUMN {column} {kind}")
-        self._db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
-        self._db.execute(PENDING_INDEX)
+        # in one write transaction: two openers of a new store (a job's store sink subtasks) would both see a
+        # column missing and the second ALTER fail ("duplicate column name"), failing the job's start
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({NODES})")}
+            for column, kind in ADDED.items():  # a store written before units and vectors
+                if column not in present:
+                    self._db.execute(f"ALTER TABLE {NODES} ADD COLUMN {column} {kind}")
+            self._db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
+            self._db.execute(PENDING_INDEX)
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
         if not self._fts_has_agent():
             self._migrate_fts()
 

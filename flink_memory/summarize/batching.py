@@ -6,6 +6,7 @@ by sequence number, so adding a unit reads and writes one entry, never the whole
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -87,6 +88,21 @@ class BatchBuffer(StateModel):
         if self.count >= limits.max_items or self.tokens >= limits.max_tokens(budget, self.scale):
             closed.append(self.take())
         return closed
+
+    def repack(self, entries: list[dict[str, Any] | None], limits: BatchLimits, now_ms: int,
+               budget: Budget) -> Iterator[ClosedBatch]:
+        """Pack the buffered entries again, at the scale of now (`entries`: those of `first` .. `next_seq - 1`,
+        None for a unit retracted meanwhile); yields the batches this closes, the rest stays buffered."""
+        opened_at = self.opened_at_ms
+        self.count, self.tokens, self.last, self.scale = 0, 0, None, None
+        for entry in entries:
+            if entry is None:  # (a gap keeps its sequence number)
+                self._open(budget, now_ms)
+                self.count += 1
+                continue
+            yield from self.add(entry, limits, now_ms, budget)
+        if self.count and opened_at is not None:  # (the units left over arrived that long ago)
+            self.opened_at_ms = min(opened_at, self.opened_at_ms or opened_at)
 
     def _open(self, budget: Budget, now_ms: int) -> None:
         if not self.count:

@@ -8,6 +8,7 @@ the time range of a summary) changes, not on every entry, so chronology reaches 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from typing import Any, Literal
 
@@ -78,6 +79,20 @@ def request_purpose(messages: Sequence[dict[str, Any]]) -> Purpose | None:
     return next((purpose for purpose, task in _TASKS.items() if f" words, {task}. " in system), None)
 
 
+def written_bound(entry: dict[str, Any]) -> int | None:
+    """The most tokens the provider can count for an entry's line, from its own count of the text when it wrote
+    it (a summary's `usage.completion_tokens`, kept as the entry's "tokens"; None: not known): that count, 5 %
+    more, a token for each escape, and three for the line break and the joins at either end. A provider's
+    completion count may hold hidden reasoning or an end token, never less than the text: an upper bound that
+    needs no calibration, so an agent's first merge and global are packed full before their kind reports."""
+    tokens = entry.get("tokens")
+    if not tokens:
+        return None
+    text = str(entry["text"])
+    escapes = text.count("\\") + text.count("\n") + text.count("\r") + text.startswith("@")
+    return math.ceil(tokens * 1.05) + escapes + 3
+
+
 class Packer:
     """Adds entries to one request and counts exactly what `lines_for` will render (separators included)."""
 
@@ -92,6 +107,8 @@ class Packer:
         """Tokens `entry` adds after the entries already packed."""
         date = entry_date(entry)
         cost = self.counter.line(escape(entry["text"]), self.scale)
+        if (bound := written_bound(entry)) is not None:
+            cost = min(cost, bound)
         if self.count == 0 or date != self._date:
             cost += self.counter.line("@" + (date or "undated"), self.scale)
         return cost

@@ -24,6 +24,7 @@ from flink_memory.summarize.prompts import (
     entry_room,
     escape,
     messages_for,
+    written_bound,
 )
 from flink_memory.tokens.budget import Budget
 from flink_memory.tokens.split import split_text
@@ -85,11 +86,17 @@ class ReduceJob(StateModel):
     def _final_target(self, budget: Budget) -> int:
         return min(self.target_tokens or budget.max_output_tokens, budget.max_output_tokens)
 
+    def _scale_now(self, budget: Budget) -> float:
+        """The scale a round packed now takes: the kind's, or tighter where the last round's reports taught how
+        the job's own text counts."""
+        scale = budget.counter.scale_for(self.purpose)
+        if self.own_ratio is not None:
+            scale = min(scale, budget.counter.calibration.scale_of(self.own_ratio))
+        return scale
+
     def _plan(self, budget: Budget) -> tuple[bool, list[list[dict[str, Any]]]]:
         if self.scale is None:
-            self.scale = budget.counter.scale_for(self.purpose)
-            if self.own_ratio is not None:  # (from the second round on)
-                self.scale = min(self.scale, budget.counter.calibration.scale_of(self.own_ratio))
+            self.scale = self._scale_now(budget)
         final, groups = self._plan_at(budget, self.scale)
         if final or self._round_purpose == self.purpose:
             return final, groups
@@ -129,13 +136,34 @@ class ReduceJob(StateModel):
         budget = factory.budget
         final, groups = self._plan(budget)
         if final:
-            return [factory.build(messages_for(self.purpose, groups[0], self._final_target(budget)),
-                                  prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale, kind=self.purpose)]
+            messages = messages_for(self.purpose, groups[0], self._final_target(budget))
+            return [factory.build(messages, prompt_version=SUMMARY_PROMPT_VERSION, scale=self.scale,
+                                  kind=self.purpose, bound=self._bound(budget, messages, groups[0], self.scale))]
         target = self._round_target(budget, len(groups))
         scale = max(self.scale or 0.0, self.round_scale or 0.0)
-        return [factory.build(messages_for(self._round_purpose, group, target),
-                              prompt_version=SUMMARY_PROMPT_VERSION, scale=scale, kind=self._round_purpose)
-                for group in groups]
+        requests = []
+        for group in groups:
+            messages = messages_for(self._round_purpose, group, target)
+            requests.append(factory.build(messages, prompt_version=SUMMARY_PROMPT_VERSION, scale=scale,
+                                          kind=self._round_purpose, bound=self._bound(budget, messages, group, scale)))
+        return requests
+
+    def _bound(self, budget: Budget, messages: list[dict[str, str]], group: list[dict[str, Any]],
+               scale: float | None) -> float | None:
+        """The scale a request was packed at when its own text taught it, not its kind (`ChatRequest.bound`):
+        a job's earlier round or the agent's summaries (`own_ratio`), and entries counted by what the
+        provider counted writing them (`written_bound`); as one factor of the request's raw count."""
+        counter = budget.counter
+        own = None if self.own_ratio is None else counter.calibration.scale_of(self.own_ratio)
+        at = scale or 1.0
+        saved = 0
+        for entry in group:
+            if (bound := written_bound(entry)) is not None:
+                saved += max(0, counter.line(escape(entry["text"]), at) - bound)
+        if not saved:
+            return at if own is not None and at <= own else None
+        raw = counter.raw_request(messages)
+        return (counter.request(messages, at) - saved) / raw if raw else None
 
     def advance(self, factory: RequestFactory, results: list[ChatResult]) -> str | None:
         """Apply the results of the current round; the final text once done, else None."""
@@ -159,7 +187,7 @@ class ReduceJob(StateModel):
         self.round += 1
         if self.round >= MAX_ROUNDS:
             raise ReductionStalled(f"{self.purpose} summary did not converge in {MAX_ROUNDS} rounds")
-        self.entries = [_condensed(group, result.text) for group, result in zip(groups, results)]
+        self.entries = [_condensed(group, result) for group, result in zip(groups, results)]
         # the next round is packed by what the counter has learned meanwhile (kept in state from then on)
         self.scale = max(factory.budget.counter.scale_for(self.purpose), self.scale or 0.0) if self.rejections else None
         self.round_scale = None
@@ -175,8 +203,12 @@ class ReduceJob(StateModel):
         return True
 
 
-def _condensed(group: list[dict[str, Any]], text: str) -> dict[str, Any]:
-    """A group's summary as an entry of the next round, with the time range it stands for."""
+def _condensed(group: list[dict[str, Any]], result: ChatResult) -> dict[str, Any]:
+    """A group's summary as an entry of the next round, with the time range it stands for (and the tokens the
+    provider counted writing it)."""
     starts = [e["from"] for e in group if e.get("from")]
     ends = [e["to"] for e in group if e.get("to")]
-    return {"text": text, "from": min(starts) if starts else None, "to": max(ends) if ends else None}
+    entry = {"text": result.text, "from": min(starts) if starts else None, "to": max(ends) if ends else None}
+    if result.completion_tokens:
+        entry["tokens"] = result.completion_tokens
+    return entry

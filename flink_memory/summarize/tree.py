@@ -24,9 +24,13 @@ from flink_memory.tokens.budget import Budget
 
 
 def merge_entry(node: SummaryNode | dict[str, Any]) -> dict[str, Any]:
-    """How a child node appears in a merge prompt: its time range and its text."""
+    """How a child node appears in a merge prompt: its time range and its text (and, for packing, the tokens
+    the provider counted when it wrote the text: `prompts.written_bound`)."""
     data = node.model_dump(mode="json") if isinstance(node, SummaryNode) else node
-    return {"text": data["text"], "from": data.get("first_ts"), "to": data.get("last_ts")}
+    entry = {"text": data["text"], "from": data.get("first_ts"), "to": data.get("last_ts")}
+    if data.get("completion_tokens"):
+        entry["tokens"] = data["completion_tokens"]
+    return entry
 
 
 class ChildRef(BaseModel):
