@@ -36,3 +36,60 @@ def run_local(agent: Any, turns: list[dict[str, Any]]) -> list[dict[str, Any]]:
     outputs = env.from_list([{"key": t["agent_id"], "value": t} for t in turns]).apply(agent).to_list()
     env.execute()
     return [value for output in outputs for value in output.values()]
+
+
+def service_python() -> str:
+    """The interpreter of an environment with the `service` extra (mcp 2.x), which flink-agents' pins keep out
+    of this one: $FLINK_MEMORY_SERVICE_PYTHON, else the repository's .venv (`make test` makes both)."""
+    import os
+
+    named = os.environ.get("FLINK_MEMORY_SERVICE_PYTHON")
+    default = Path(__file__).resolve().parents[2] / ".venv" / "bin" / "python"
+    python = Path(named) if named else default
+    if not python.exists():
+        raise RuntimeError(f"no service environment at {python}: set FLINK_MEMORY_SERVICE_PYTHON to the python "
+                           "of a venv with flink-memory[service] (make test makes .venv)")
+    return str(python)
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Service:
+    """`flink-memory serve` in the service environment, as a process; its output in `log`."""
+
+    def __init__(self, store: str, keys: Path, inbox: Path, log: Path) -> None:
+        import subprocess
+        import time
+        import urllib.request
+
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log = log
+        with open(log, "wb") as out:
+            self.process = subprocess.Popen([service_python(), "-m", "flink_memory.cli", "serve", "--store", store,
+                                             "--keys", str(keys), "--input", str(inbox), "--port", str(self.port)],
+                                            stdout=out, stderr=subprocess.STDOUT)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{self.url}/v1/health", timeout=2):
+                    return
+            except OSError:
+                if self.process.poll() is not None or time.monotonic() > deadline:
+                    self.close()
+                    raise RuntimeError(f"the service did not start:\n{log.read_text()[-3000:]}") from None
+                time.sleep(0.2)
+
+    def close(self) -> None:
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=20)
+        except Exception:  # noqa: BLE001
+            self.process.kill()
+            self.process.wait()

@@ -1,0 +1,91 @@
+"""The memory service's MCP tools (`flink-memory serve`, /mcp) as a Flink Agents `@mcp_server` resource,
+with the service key kept out of the agent plan, logs and checkpoints (invariant 5).
+
+Flink Agents' MCPServer sends `headers` as given, and its plan holds them in clear (the plan JSON is in the
+job graph and every TaskManager's log of it). MemoryMCPServer holds only where the key is, a file (or an
+environment variable, for local runs: Flink logs environments), and ServiceKeyAuth reads it for each request,
+as the connection is made; what is serialized (the plan, the tools' copies of the server) names the file.
+
+    @mcp_server
+    @staticmethod
+    def memory_tools() -> ResourceDescriptor:
+        return memory_mcp_server("http://memory:8765/mcp", key_file="/run/secrets/memory_key")
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Generator
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+from flink_agents.api.resource import ResourceDescriptor
+from flink_agents.integrations.mcp.mcp import MCPServer
+from pydantic import model_validator
+
+
+class KeyUnavailable(RuntimeError):
+    """The service key's file or variable is missing or empty (the message names it, never a key)."""
+
+
+class ServiceKeyAuth(httpx.Auth):
+    """`Authorization: Bearer <key>` with the key read when a request is sent; it keeps no key."""
+
+    def __init__(self, key_file: str | None = None, key_env: str | None = None) -> None:
+        if (key_file is None) == (key_env is None):
+            raise ValueError("name the service key's place: key_file=PATH or key_env=VARIABLE (one of them)")
+        self.key_file, self.key_env = key_file, key_env
+
+    def key(self) -> str:
+        if self.key_file is not None:
+            try:
+                key = Path(self.key_file).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise KeyUnavailable(f"the service key file {self.key_file}: {exc.strerror}") from None
+            where = f"the service key file {self.key_file}"
+        else:
+            key = os.environ.get(str(self.key_env), "").strip()
+            where = f"the service key variable {self.key_env}"
+        if not key:
+            raise KeyUnavailable(f"{where} is empty")
+        return key
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        request.headers["Authorization"] = f"Bearer {self.key()}"
+        yield request
+
+    def __repr__(self) -> str:
+        place = f"key_file={self.key_file!r}" if self.key_file else f"key_env={self.key_env!r}"
+        return f"ServiceKeyAuth({place})"
+
+
+class MemoryMCPServer(MCPServer):
+    """Flink Agents' MCPServer for flink-memory's /mcp: `key_file` or `key_env`, never `headers` with a key."""
+
+    CLASS_PATH: ClassVar[str] = "flink_memory.agents.mcp.MemoryMCPServer"
+
+    key_file: str | None = None
+    key_env: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _key_by_reference(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        headers = data.get("headers") or {}
+        if any(name.lower() == "authorization" for name in headers):
+            raise ValueError("the service key goes in key_file= (or key_env=), not in headers: headers are "
+                             "kept in clear in the agent plan")
+        if data.get("auth") is None and (data.get("key_file") or data.get("key_env")):
+            data = {**data, "auth": ServiceKeyAuth(data.get("key_file"), data.get("key_env"))}
+        return data
+
+
+def memory_mcp_server(endpoint: str, *, key_file: str | None = None, key_env: str | None = None,
+                      timeout: int = 30) -> ResourceDescriptor:
+    """The descriptor of an `@mcp_server` resource for flink-memory's /mcp (a key from a file or variable)."""
+    ServiceKeyAuth(key_file, key_env)  # (one of the two, checked where the agent is declared)
+    arguments: dict[str, Any] = {"endpoint": endpoint, "timeout": timeout}
+    arguments.update({"key_file": key_file} if key_file is not None else {"key_env": key_env})
+    return ResourceDescriptor(clazz=MemoryMCPServer.CLASS_PATH, **arguments)

@@ -1,0 +1,148 @@
+"""The MCP door: flink-memory's /mcp as a Flink Agents `@mcp_server` resource, over the official mcp client that
+the agents extra installs (1.x, flink-agents' pins), against `flink-memory serve` (mcp 2.x, the service
+environment). The service key is read from a file when the connection is made: it is in no plan JSON and no
+log; a key for one agent reads and writes that agent only."""
+
+import base64
+import json
+import logging
+from importlib.metadata import version
+
+import cloudpickle
+import pytest
+from agentkit import FACTS, Service, run_local, write_store
+from flink_agents.api.agents.agent import Agent
+from flink_agents.api.decorators import action, mcp_server
+from flink_agents.api.events.event import Event, InputEvent, OutputEvent
+from flink_agents.api.resource import ResourceDescriptor, ResourceType
+from flink_agents.api.runner_context import RunnerContext
+from flink_agents.plan.agent_plan import AgentPlan
+from flink_agents.plan.configuration import AgentConfiguration
+
+from flink_memory.agents import mcp as door
+from flink_memory.agents.mcp import KeyUnavailable, MemoryMCPServer, ServiceKeyAuth, memory_mcp_server
+from flink_memory.records import MemoryItem, parse_line
+from flink_memory.service.keys import add_key
+
+ENDPOINT = {}  # (the agent's resource reads the endpoint of the test's server)
+
+
+class ToolAgent(Agent):
+    """Calls one of the memory's MCP tools per input, with the input's arguments."""
+
+    @mcp_server
+    @staticmethod
+    def memory_tools() -> ResourceDescriptor:
+        return memory_mcp_server(ENDPOINT["url"], key_file=ENDPOINT["key_file"])
+
+    @action(InputEvent.EVENT_TYPE)
+    @staticmethod
+    def call(event: Event, ctx: RunnerContext) -> None:
+        turn = InputEvent.from_event(event).input
+        tool = ctx.get_resource(turn["tool"], ResourceType.TOOL)
+        ctx.send_event(OutputEvent(output=tool.call(**turn["arguments"])))
+
+
+class HeaderAgent(Agent):
+    """The plain way (Flink Agents' MCPServer with the key in headers): the control that the grep sees a key."""
+
+    @mcp_server
+    @staticmethod
+    def memory_tools() -> ResourceDescriptor:
+        return ResourceDescriptor(clazz="flink_agents.integrations.mcp.mcp.MCPServer", endpoint=ENDPOINT["url"],
+                                  headers={"Authorization": f"Bearer {ENDPOINT['key']}"})
+
+
+@pytest.fixture
+def service(tmp_path):
+    store = write_store(tmp_path / "memory.sqlite")
+    inbox, secrets = tmp_path / "inbox", tmp_path / "secrets"
+    inbox.mkdir()
+    secrets.mkdir()
+    key, _ = add_key(tmp_path / "keys.json", ["alice"])
+    key_file = secrets / "memory_key"
+    key_file.write_text(key + "\n")
+    key_file.chmod(0o600)
+    server = Service(store, tmp_path / "keys.json", inbox, tmp_path / "service.log")
+    ENDPOINT.update(url=f"{server.url}/mcp", key_file=str(key_file), key=key)
+    yield server, key, inbox
+    server.close()
+
+
+def texts(output):
+    return "\n".join(item if isinstance(item, str) else json.dumps(item) for item in output)
+
+
+def test_the_agent_recalls_and_remembers_through_mcp_and_the_key_stays_out_of_plan_and_logs(service, caplog):
+    server, key, inbox = service
+    assert version("mcp").startswith("1."), "the agents extra's mcp (flink-agents pins pydantic 2.11)"
+    caplog.set_level(logging.DEBUG)
+    agent = ToolAgent()
+    plan_json = AgentPlan.from_agent(agent, AgentConfiguration()).model_dump_json(serialize_as_any=True)
+    plan = json.loads(plan_json)
+    assert {"recall", "remember", "show_memory", "forget_memory"} <= set(plan["resource_providers"]["tool"])
+    out = run_local(ToolAgent(), [
+        {"agent_id": "alice", "tool": "recall", "arguments": {"question": "What is my dog called?", "k": 2}},
+        {"agent_id": "alice", "tool": "recall",
+         "arguments": {"question": "What is the dog called?", "agent_id": "bob"}},
+        {"agent_id": "alice", "tool": "remember",
+         "arguments": {"text": "Alice booked the train to Lyon for June 3.", "id": "trip-1"}},
+    ])
+    recalled, refused, remembered = (texts(o) for o in out)
+    assert FACTS["alice"]["a1"] in recalled and "bob" not in recalled.lower()
+    assert "no memory for agent 'bob'" in refused and FACTS["bob"]["b1"] not in refused
+    assert '"id": "trip-1"' in remembered or '"id":"trip-1"' in remembered
+    [written] = [parse_line(f.read_text()) for f in inbox.iterdir()]
+    assert isinstance(written, MemoryItem) and (written.agent_id, written.id) == ("alice", "trip-1")
+
+    secret = key.split("_", 2)[2]  # (fmk_<id>_<secret>: the secret part alone, as a log might cut it)
+    pickled = [base64.b64decode(v) for v in _strings(plan) if _is_base64(v)]
+    assert pickled, "the tools carry their server (with its auth, pickled)"
+    for where, text in [("plan JSON", plan_json), ("pickled auth", b"".join(pickled).decode("latin-1")),
+                        ("agents log", caplog.text), ("service log", server.log.read_text())]:
+        assert key not in text and secret not in text, f"the service key is in the {where}"
+    assert '"key_file"' in plan_json and ENDPOINT["key_file"] in plan_json  # (where it is, not what)
+    control = AgentPlan.from_agent(HeaderAgent(), AgentConfiguration()).model_dump_json(serialize_as_any=True)
+    assert key in control  # (headers: the key in clear in the plan, what MemoryMCPServer avoids)
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    elif isinstance(value, dict):
+        for v in value.values():
+            yield from _strings(v)
+    elif isinstance(value, list):
+        for v in value:
+            yield from _strings(v)
+
+
+def _is_base64(value):
+    try:
+        return len(value) > 40 and bool(cloudpickle.loads(base64.b64decode(value, validate=True)))
+    except Exception:  # noqa: BLE001
+        return False
+
+
+def test_a_wrong_or_missing_key_is_refused_and_names_no_key(service, tmp_path):
+    server, key, _ = service
+    wrong = tmp_path / "wrong_key"
+    wrong.write_text("fmk_00000000_notakey")
+    with pytest.raises(Exception) as refused:  # noqa: PT011 - (the mcp client's own error for a 401)
+        MemoryMCPServer(endpoint=f"{server.url}/mcp", key_file=str(wrong)).list_tools()
+    assert "notakey" not in str(refused.value)
+    with pytest.raises(KeyUnavailable, match="missing_key"):
+        ServiceKeyAuth(key_file=str(tmp_path / "missing_key")).key()
+    with pytest.raises(KeyUnavailable, match="MEMORY_KEY_UNSET is empty"):
+        ServiceKeyAuth(key_env="MEMORY_KEY_UNSET").key()
+
+
+def test_a_key_in_headers_or_no_key_place_is_refused():
+    with pytest.raises(ValueError, match="not in headers"):
+        MemoryMCPServer(endpoint="http://127.0.0.1:1/mcp", headers={"Authorization": "Bearer fmk_x_y"})
+    with pytest.raises(ValueError, match="one of them"):
+        memory_mcp_server("http://127.0.0.1:1/mcp")
+    with pytest.raises(ValueError, match="one of them"):
+        memory_mcp_server("http://127.0.0.1:1/mcp", key_file="/k", key_env="K")
+    assert repr(ServiceKeyAuth(key_env="K")) == "ServiceKeyAuth(key_env='K')"
+    assert door.MemoryMCPServer.CLASS_PATH == "flink_memory.agents.mcp.MemoryMCPServer"
