@@ -20,7 +20,8 @@ FORBIDDEN = ("openai", "httpx", "pyflink")
 # the I/O edges, free to import them: the LLM client and servers, the Flink shell, the command line, the Flink
 # Agents shell (flink-agents imports pyflink and httpx; it installs in its own environment: docs/flink-agents.md)
 EDGES = ("flink_memory.llm", "flink_memory.flink", "flink_memory.cli", "flink_memory.agents.vector_store",
-         "flink_memory.agents.actions", "flink_memory.agents.example", "flink_memory.agents.mcp")
+         "flink_memory.agents.actions", "flink_memory.agents.example", "flink_memory.agents.mcp",
+         "flink_memory.agents.pipeline")
 
 # Imports one module and prints, for each forbidden package it loaded, the flink_memory lines on the stack
 # when that package was first looked up (the import chain to move).

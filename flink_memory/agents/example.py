@@ -68,7 +68,11 @@ class RememberingAgent(Agent):
     @staticmethod
     def on_turn(event: Event, ctx: RunnerContext) -> None:
         value = InputEvent.from_event(event).input
-        turn = Turn.model_validate(json.loads(value) if isinstance(value, str) else value)
+        try:
+            turn = Turn.model_validate(json.loads(value) if isinstance(value, (str, bytes)) else value)
+        except ValueError as exc:  # (a bad turn is answered, never fatal: the job would restart on it forever)
+            ctx.send_event(OutputEvent(output={"decision": "invalid", "reason": str(exc).splitlines()[0]}))
+            return
         decision = decide(turn.text)
         if decision == "recall":
             hits = recall(ctx, turn.agent_id, turn.text, k=3)

@@ -1,0 +1,123 @@
+"""A Flink Agents agent that remembers through flink-memory, in one Flink job (docs/flink-agents.md).
+
+The agent (flink_memory.agents.example.RememberingAgent: fixed rules, no LLM) reads users' turns from a
+followed directory, keyed by agent; the statements it decides to remember go, keyed by agent, into flink-memory's
+operators in the same job, which summarize them (the bundled SmolLM2, or --set llm.base_url=...) into the store;
+the questions it gets later are answered by recall from that store, through its vector store. Prints what the
+agent remembered (units and batch nodes in the store) and what it recalled, then stops the job.
+
+    make agents-sample        # or: .venv-agents/bin/python samples/agents_memory.py --output out/agents-sample
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from flink_memory.agents.example import RememberingAgent
+from flink_memory.agents.pipeline import add_agent_memory
+from flink_memory.cli.run import Applier
+from flink_memory.config import load_config
+from flink_memory.flink.pipeline import create_environment, file_source
+from flink_memory.llm.embedded import start_local_model
+from flink_memory.store import open_store
+
+TURNS = [
+    {"agent_id": "ana", "id": "t1", "ts": "2026-03-02T09:00:00Z", "text": "Hi!"},
+    {"agent_id": "ana", "id": "t2", "ts": "2026-03-02T09:01:00Z", "text": "My daughter Lea starts school in Porto in September."},
+    {"agent_id": "ana", "id": "t3", "ts": "2026-03-02T09:02:00Z", "text": "I am allergic to peanuts and to shellfish."},
+    {"agent_id": "ana", "id": "t4", "ts": "2026-03-02T09:03:00Z", "text": "Thanks, that helps."},
+    {"agent_id": "ana", "id": "t5", "ts": "2026-03-02T09:04:00Z", "text": "Our team meeting moved to Thursdays at 10:30."},
+    {"agent_id": "ben", "id": "t1", "ts": "2026-03-02T10:00:00Z", "text": "I drive a blue Volvo from 2019."},
+    {"agent_id": "ben", "id": "t2", "ts": "2026-03-02T10:01:00Z", "text": "ok"},
+    {"agent_id": "ben", "id": "t3", "ts": "2026-03-02T10:02:00Z", "text": "My landlord Mr. Okafor raised the rent to 1,200 EUR."},
+    {"agent_id": "ben", "id": "t4", "ts": "2026-03-02T10:03:00Z", "text": "I run the Berlin half marathon on April 5."},
+]
+QUESTIONS = [
+    {"agent_id": "ana", "id": "q1", "text": "Which foods must I avoid?"},
+    {"agent_id": "ben", "id": "q1", "text": "What car do I have?"},
+    {"agent_id": "ben", "id": "q2", "text": "Which foods must I avoid?"},  # ana's, not ben's: nothing of hers comes back
+]
+SETTINGS = ["batching.max_items=2", "batching.flush_after_s=2", "summarization.global_refresh_s=2",
+            "checkpointing.interval_s=2", "llm.max_output_tokens=120", "journal.path=null", "job.parallelism=1"]
+
+
+def publish(inbox: Path, name: str, turns: list[dict]) -> None:
+    """A new file in the followed directory, whole at once (hidden while written)."""
+    tmp = inbox / f".{name}"
+    tmp.write_text("".join(json.dumps(t) + "\n" for t in turns))
+    tmp.rename(inbox / name)
+
+
+def remembered(store_url: str, expected: dict[str, set[str]]) -> dict[str, list[tuple[str, str, str | None]]] | None:
+    """Each agent's units (id, text, batch node), once every expected unit is committed in a batch node."""
+    try:
+        with open_store(store_url) as store:
+            found = {agent: [(u.unit_id, u.text, batch) for u, batch in store.units(agent)] for agent in expected}
+    except Exception:  # noqa: BLE001 - (the job has not created the store yet)
+        return None
+    done = all({uid for uid, _, batch in units if batch} >= expected[agent] for agent, units in found.items())
+    return found if done else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--output", default="out/agents-sample")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the summaries")
+    args = parser.parse_args()
+    root = Path(args.output).resolve()
+    shutil.rmtree(root, ignore_errors=True)
+    inbox, output = root / "inbox", root / "output"
+    inbox.mkdir(parents=True)
+    config = load_config(None, SETTINGS + args.overrides)
+    model = start_local_model(config)  # the bundled model for the summaries, unless llm.base_url is set
+    store_url = config.store.location(str(output))
+    env = create_environment(config, str(output))
+    streams = add_agent_memory(env, file_source(env, str(inbox), follow=True), RememberingAgent(store_url),
+                               config, str(output))
+    publish(inbox, "turns-1.jsonl", TURNS)
+    applier = Applier(store_url, str(output), config)
+    outcomes = streams.outcomes.execute_and_collect("agent-memory-sample")
+    expected: dict[str, set[str]] = {}
+    try:
+        for turn in TURNS:
+            expected.setdefault(turn["agent_id"], set())
+        seen = 0
+        while seen < len(TURNS):  # what the agent decided, turn by turn
+            outcome = json.loads(next(outcomes))
+            seen += 1
+            if outcome["decision"] == "remember":
+                expected[outcome["agent_id"]].add(outcome["turn"])
+            print(f"agent {outcome['agent_id']} turn {outcome['turn']}: {outcome['decision']}")
+        deadline, found = time.monotonic() + args.timeout, None
+        while found is None and time.monotonic() < deadline:
+            found = remembered(store_url, expected)
+            time.sleep(1)
+        if found is None:
+            print(f"the summaries were not in the store within {args.timeout:g} s", file=sys.stderr)
+            return 1
+        for agent, units in found.items():
+            print(f"remembered by {agent} (memory units in the store, and their batch node):")
+            for uid, text, batch in units:
+                print(f"  {uid:4} {batch or '-':13} {text}")
+        publish(inbox, "turns-2.jsonl", QUESTIONS)
+        for _ in QUESTIONS:
+            outcome = json.loads(next(outcomes))
+            print(f"{outcome['agent_id']} asked {outcome['question']!r}; recalled:")
+            for hit in outcome["recalled"] or [{"kind": "-", "id": "-", "text": "(nothing of its own memory)"}]:
+                print(f"  {hit['kind']:6} {hit['id']:13} {hit['text'][:90]}")
+    finally:
+        outcomes.close()  # (cancels the job)
+        applier.stop()
+        if model is not None:
+            model.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
