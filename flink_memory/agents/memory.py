@@ -15,7 +15,7 @@ from flink_memory.agents.core import (
     check_question,
     memory_record,
 )
-from flink_memory.service.memory import MemoryService, NotFound, Rejected, ServiceError, TooLarge
+from flink_memory.service.memory import MemoryService, NotCreated, NotFound, Rejected, ServiceError, TooLarge
 from flink_memory.service.models import Accepted, Mode, RecallRequest
 from flink_memory.service.writer import open_writer
 from flink_memory.store import Recalled
@@ -61,7 +61,7 @@ class AgentMemory:
         request = RecallRequest(question=check_question(question), k=check_limit(k), mode=self.mode)
         try:
             return self.service.recall(grant, agent_id, request).hits
-        except NotFound:
+        except (NotFound, NotCreated):  # (no memory of this agent, or of any agent yet)
             return []
         except ServiceError as exc:
             raise MemoryUnavailable(str(exc)) from None
@@ -94,6 +94,8 @@ class AgentMemory:
         try:
             with self.service.store() as store:
                 units = store.units(agent_id)
+        except NotCreated:
+            return []
         except ServiceError as exc:
             raise MemoryUnavailable(str(exc)) from None
         return [(unit.unit_id, unit.text) for unit, _ in units if wanted is None or unit.unit_id in wanted]

@@ -192,3 +192,10 @@ def test_the_agents_rules():
     assert decide("Thanks, that helps!") == "skip"
     assert decide("ok") == "skip"
     assert decide("My dog Rex turned four today.") == "remember"
+
+
+def test_before_the_job_created_its_store_an_agent_has_no_memory(tmp_path):
+    vectors = FlinkMemoryVectorStore(store=str(tmp_path / "not-yet.sqlite"), agent_id="alice")
+    assert vectors.query(VectorStoreQuery(query_text="dog")).documents == []
+    assert vectors.get() == []
+    assert not (tmp_path / "not-yet.sqlite").exists()
