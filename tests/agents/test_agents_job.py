@@ -1,13 +1,18 @@
 """One job, both sides, on a MiniCluster with the flink-agents jars (`make agents-jars`): the Flink Agents agent
 reads users' turns from a followed directory (unbounded), decides what to remember, and its records go, keyed by
-agent, into flink-memory's operators in the same job. A task fails once mid-stream (the batcher, after
-checkpoints completed) and the job restarts from its checkpoint: every remembered fact is then in the store
-exactly once, as a unit in exactly one live batch node, and the agent's later questions recall its own facts."""
+agent, into flink-memory's operators in the same job. Once one agent's facts are committed, the other's turns
+come, and a task fails once among them: the merger (after it took that agent's first batch node), or the agent's
+own action; the job restarts from its checkpoint. Every remembered fact is then in the store exactly once, as a
+unit in exactly one live batch node, and the agent's later questions recall its own facts first."""
 
 import json
 from collections import Counter
+from pathlib import Path
 
 import pytest
+from flink_agents.api.decorators import action
+from flink_agents.api.events.event import Event, InputEvent
+from flink_agents.api.runner_context import RunnerContext
 from jobkit import batch_units, check_tree, config_for, wait_for, write_lines
 from scripted_server import Reply, ScriptedServer, fact_keeping_summary
 
@@ -32,12 +37,30 @@ SMALL_TALK = ["Hi!", "thanks", "ok", "Thanks, that helps."]
 QUESTIONS = {"ana": "Which foods am I allergic to?", "ben": "Which car do I drive?"}
 
 
-def turns():
+class FailingOnceAgent(RememberingAgent):
+    """RememberingAgent whose action fails once, on the turn that carries a `fail_once` marker path: the agent's
+    own operator fails, after it has handed on (and checkpointed) the records of the turns before."""
+
+    @action(InputEvent.EVENT_TYPE)
+    @staticmethod
+    def on_turn(event: Event, ctx: RunnerContext) -> None:
+        value = InputEvent.from_event(event).input
+        turn = json.loads(value) if isinstance(value, str) else dict(value)
+        marker = turn.pop("fail_once", None)
+        if marker is not None and not Path(marker).exists():
+            Path(marker).touch()
+            raise RuntimeError("injected failure of the agent's action")
+        RememberingAgent.on_turn(InputEvent(input=json.dumps(turn)), ctx)
+
+
+def turns(agent, fail_marker=None):
+    """The agent's facts, each followed by small talk; with `fail_marker`, its fifth fact fails the action once."""
     out = []
-    for agent, facts in FACTS.items():
-        for i, fact in enumerate(facts):
-            out.append({"agent_id": agent, "id": f"f{i}", "ts": f"2026-03-0{i + 1}T09:00:00Z", "text": fact})
-            out.append({"agent_id": agent, "id": f"s{i}", "text": SMALL_TALK[i % len(SMALL_TALK)]})
+    for i, fact in enumerate(FACTS[agent]):
+        out.append({"agent_id": agent, "id": f"f{i}", "ts": f"2026-03-0{i + 1}T09:00:00Z", "text": fact})
+        out.append({"agent_id": agent, "id": f"s{i}", "text": SMALL_TALK[i % len(SMALL_TALK)]})
+    if fail_marker is not None:
+        out[8] = {**out[8], "fail_once": str(fail_marker)}
     return out
 
 
@@ -57,7 +80,8 @@ def recall_answers(output):
     return found if set(found) == set(QUESTIONS) else None
 
 
-def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per_agent(tmp_path):
+@pytest.mark.parametrize("failing", ["merger", "agent"])
+def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per_agent(tmp_path, failing):
     assert all(decide(f) == "remember" for facts in FACTS.values() for f in facts)
     assert not any(decide(s) == "remember" for s in SMALL_TALK)
     inbox, output = tmp_path / "inbox", tmp_path / "out"
@@ -66,30 +90,34 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
     marker = tmp_path / "failed"
     url = str(output / "memory.sqlite")
     expected = Counter((agent, f"f{i}") for agent, facts in FACTS.items() for i in range(len(facts)))
-    publish(inbox, "part-0.jsonl", turns())
+    publish(inbox, "part-0.jsonl", turns("ana"))
 
-    def in_store():
+    def in_store(agents):
         try:
             with open_store(url) as store:
-                units = {(agent, u.unit_id): batch for agent in FACTS for u, batch in store.units(agent)}
+                units = {(agent, u.unit_id): batch for agent in agents for u, batch in store.units(agent)}
         except Exception:  # noqa: BLE001 - (not created yet)
             return False
-        return set(units) == set(expected) and all(units.values())
+        return set(units) == {key for key in expected if key[0] in agents} and all(units.values())
 
     with ScriptedServer(lambda body: Reply(text=fact_keeping_summary(body))) as server:
         config = config_for(server.base_url, "job.parallelism=2", "checkpointing.interval_s=2",
                             "checkpointing.restart_backoff_s=0.2", "job.bundle_size=1", "batching.max_items=3",
                             "batching.flush_after_s=1", "summarization.global_refresh_s=1", "summarization.fan_in=2",
-                            f"job.inject_failure=batcher:8:{marker}")
+                            *([f"job.inject_failure=merger:after:ben/batch-000001:{marker}"]
+                              if failing == "merger" else []))
         env = create_environment(config, str(output))
-        streams = add_agent_memory(env, file_source(env, str(inbox), follow=True), RememberingAgent(url), config,
-                                   str(output))
+        agent = (FailingOnceAgent if failing == "agent" else RememberingAgent)(url)
+        streams = add_agent_memory(env, file_source(env, str(inbox), follow=True), agent, config, str(output))
         streams.outcomes.sink_to(file_sink(str(output / "outcomes"), "outcomes")).uid("test-outcomes")
         client = env.execute_async("agents-memory")
         applier = Applier(url, str(output), config)
         try:
+            # ana's facts committed (a checkpoint completed), then ben's turns, among which the failure comes
+            wait_for(lambda: in_store(["ana"]), timeout_s=240)
+            publish(inbox, "part-1.jsonl", turns("ben", marker if failing == "agent" else None))
             wait_for(marker.exists, timeout_s=240)
-            wait_for(in_store, timeout_s=240)
+            wait_for(lambda: in_store(list(FACTS)), timeout_s=240)
             publish(inbox, "part-1.jsonl", [{"agent_id": a, "id": "q1", "text": q} for a, q in QUESTIONS.items()])
             answers = wait_for(lambda: recall_answers(output), timeout_s=120)
         finally:
