@@ -18,6 +18,7 @@ from flink_memory.config import Config
 from flink_memory.flink.pipeline import MemoryStreams, add_file_sinks, add_memory_operators
 from flink_memory.flink.store_sink import add_store_sink
 
+TURNS_UID = "flink-memory-agent-turns"
 OUTCOMES_UID = "flink-memory-agent-outcomes"
 RECORDS_UID = "flink-memory-agent-records"
 
@@ -25,6 +26,17 @@ RECORDS_UID = "flink-memory-agent-records"
 class AgentMemoryStreams(NamedTuple):
     outcomes: DataStream  # what the agent did with each turn, as JSON strings
     memory: MemoryStreams  # flink-memory's outputs (summaries, manifests, dead letters, memory log)
+
+
+def turn_value(turn: Any) -> Any:
+    """A turn as a Python value: a JSON line becomes its object (what is not JSON stays the text, and the agent
+    answers it as invalid). Flink Agents takes Python objects (pickled), not Java strings."""
+    if isinstance(turn, (str, bytes)):
+        try:
+            return json.loads(turn)
+        except ValueError:
+            return turn
+    return turn
 
 
 def turn_agent(turn: Any) -> str:
@@ -44,7 +56,8 @@ def add_agent_memory(env: StreamExecutionEnvironment, turns: DataStream, agent: 
     Flink Agents runs on unbounded sources), the files of `output_dir` and the store (`store_url`, default
     config.store.location(output_dir))."""
     agents_env = AgentsExecutionEnvironment.get_execution_environment(env=env)
-    outputs = agents_env.from_datastream(turns, key_selector=turn_agent).apply(agent).to_datastream()
+    values = turns.map(turn_value).name("agent-turns").uid(TURNS_UID)  # (no output type: Python objects)
+    outputs = agents_env.from_datastream(values, key_selector=turn_agent).apply(agent).to_datastream()
     records = outputs.flat_map(memory_records).name("agent-memory-records").uid(RECORDS_UID)
     streams = add_memory_operators(records, config, output_dir, bounded=False)
     add_file_sinks(streams, output_dir)
