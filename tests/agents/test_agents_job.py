@@ -7,20 +7,28 @@ unit in exactly one live batch node, and the agent's later questions recall its 
 
 import json
 from collections import Counter
+from contextlib import contextmanager
 from pathlib import Path
 
+import pyflink
 import pytest
+from agentkit import Service
 from flink_agents.api.decorators import action
-from flink_agents.api.events.event import Event, InputEvent
+from flink_agents.api.events.event import Event, InputEvent, OutputEvent
+from flink_agents.api.resource import ResourceType
 from flink_agents.api.runner_context import RunnerContext
+from flink_agents.plan.agent_plan import AgentPlan
+from flink_agents.plan.configuration import AgentConfiguration
 from jobkit import batch_units, check_tree, config_for, wait_for, write_lines
 from scripted_server import Reply, ScriptedServer, fact_keeping_summary
 
 from flink_memory.agents.example import RememberingAgent, decide
+from flink_memory.agents.mcp import memory_mcp_server
 from flink_memory.agents.pipeline import add_agent_memory
 from flink_memory.cli.run import Applier
 from flink_memory.flink.pipeline import create_environment, file_sink, file_source
 from flink_memory.outputs import read_outputs
+from flink_memory.service.keys import add_key
 from flink_memory.store import live_view, open_store
 
 pytestmark = pytest.mark.slow
@@ -37,9 +45,14 @@ SMALL_TALK = ["Hi!", "thanks", "ok", "Thanks, that helps."]
 QUESTIONS = {"ana": "Which foods am I allergic to?", "ben": "Which car do I drive?"}
 
 
-class FailingOnceAgent(RememberingAgent):
-    """RememberingAgent whose action fails once, on the turn that carries a `fail_once` marker path: the agent's
-    own operator fails, after it has handed on (and checkpointed) the records of the turns before."""
+class TestedAgent(RememberingAgent):
+    """RememberingAgent that also asks the service's MCP `recall` tool (the MCP door, its key in a file) for each
+    question, and whose action fails once on the turn that carries a `fail_once` marker path (the agent's own
+    operator fails, after it handed on, and checkpointed, the records of the turns before)."""
+
+    def __init__(self, store, endpoint, key_file):
+        super().__init__(store)
+        self.add_resource("memory_tools", ResourceType.MCP_SERVER, memory_mcp_server(endpoint, key_file=key_file))
 
     @action(InputEvent.EVENT_TYPE)
     @staticmethod
@@ -50,6 +63,11 @@ class FailingOnceAgent(RememberingAgent):
         if marker is not None and not Path(marker).exists():
             Path(marker).touch()
             raise RuntimeError("injected failure of the agent's action")
+        if decide(turn["text"]) == "recall":
+            answer = ctx.get_resource("recall", ResourceType.TOOL).call(question=turn["text"], k=2,
+                                                                        agent_id=turn["agent_id"])
+            ctx.send_event(OutputEvent(output={"agent_id": turn["agent_id"], "turn": turn["id"],
+                                               "decision": "mcp", "answer": json.dumps(answer, default=str)}))
         RememberingAgent.on_turn(InputEvent(input=json.dumps(turn)), ctx)
 
 
@@ -100,14 +118,22 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
             return False
         return set(units) == {key for key in expected if key[0] in agents} and all(units.values())
 
-    with ScriptedServer(lambda body: Reply(text=fact_keeping_summary(body))) as server:
+    key, _ = add_key(tmp_path / "keys.json", ["ana", "ben"])
+    key_file = tmp_path / "memory_key"
+    key_file.write_text(key)
+    (tmp_path / "service-inbox").mkdir()
+    service = Service(url, tmp_path / "keys.json", tmp_path / "service-inbox", tmp_path / "service.log")
+    logs = Path(pyflink.__file__).parent / "log"
+    logged_before = {p: p.stat().st_size for p in logs.glob("*")}
+    with service_stopped(service), ScriptedServer(lambda body: Reply(text=fact_keeping_summary(body))) as server:
         config = config_for(server.base_url, "job.parallelism=2", "checkpointing.interval_s=2",
                             "checkpointing.restart_backoff_s=0.2", "job.bundle_size=1", "batching.max_items=3",
                             "batching.flush_after_s=1", "summarization.global_refresh_s=1", "summarization.fan_in=2",
                             *([f"job.inject_failure=merger:after:ben/batch-000001:{marker}"]
                               if failing == "merger" else []))
         env = create_environment(config, str(output))
-        agent = (FailingOnceAgent if failing == "agent" else RememberingAgent)(url)
+        agent = TestedAgent(url, f"{service.url}/mcp", str(key_file))
+        plan_json = AgentPlan.from_agent(agent, AgentConfiguration()).model_dump_json(serialize_as_any=True)
         streams = add_agent_memory(env, file_source(env, str(inbox), follow=True), agent, config, str(output))
         streams.outcomes.sink_to(file_sink(str(output / "outcomes"), "outcomes")).uid("test-outcomes")
         client = env.execute_async("agents-memory")
@@ -118,7 +144,7 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
             publish(inbox, "part-1.jsonl", turns("ben", marker if failing == "agent" else None))
             wait_for(marker.exists, timeout_s=240)
             wait_for(lambda: in_store(list(FACTS)), timeout_s=240)
-            publish(inbox, "part-1.jsonl", [{"agent_id": a, "id": "q1", "text": q} for a, q in QUESTIONS.items()])
+            publish(inbox, "part-2.jsonl", [{"agent_id": a, "id": "q1", "text": q} for a, q in QUESTIONS.items()])
             answers = wait_for(lambda: recall_answers(output), timeout_s=120)
         finally:
             client.cancel().result()
@@ -146,3 +172,23 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
     assert ben[0]["id"] == "f0" and "Volvo" in ben[0]["text"]
     assert not any(word in hit["text"] for hit in ben for word in ("peanuts", "Porto", "Lea"))
     assert not any(word in hit["text"] for hit in ana for word in ("Volvo", "Okafor", "Valencia"))
+    mcp = {o["agent_id"]: o["answer"] for o in outcomes if o["decision"] == "mcp"}
+    assert "peanuts" in mcp["ana"] and "Volvo" not in mcp["ana"] and "Volvo" in mcp["ben"]
+    # the service key is in no plan JSON, checkpoint file or log (of Flink, of the service), nor its secret part
+    secret = key.split("_", 2)[2]
+    checkpoints = [p for p in (output / "_checkpoints").rglob("*") if p.is_file()]
+    assert checkpoints, "no checkpoint was retained"
+    new_logs = [p.read_bytes()[logged_before.get(p, 0):] for p in logs.glob("*") if p.is_file()]
+    assert any(b"action-execute-operator" in text for text in new_logs), "not the job's log"
+    for where, data in [("plan", plan_json.encode()), ("service log", (tmp_path / "service.log").read_bytes()),
+                        *((str(p), p.read_bytes()) for p in checkpoints), *(("Flink log", t) for t in new_logs)]:
+        assert key.encode() not in data and secret.encode() not in data, f"the service key is in the {where}"
+    assert str(key_file).encode() in plan_json.encode()  # (where the key is, not what)
+
+
+@contextmanager
+def service_stopped(service):
+    try:
+        yield service
+    finally:
+        service.close()
