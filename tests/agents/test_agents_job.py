@@ -6,6 +6,8 @@ own action; the job restarts from its checkpoint. Every remembered fact is then 
 unit in exactly one live batch node, and the agent's later questions recall its own facts first."""
 
 import json
+import os
+import site
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
@@ -129,6 +131,7 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
         config = config_for(server.base_url, "job.parallelism=2", "checkpointing.interval_s=2",
                             "checkpointing.restart_backoff_s=0.2", "job.bundle_size=1", "batching.max_items=3",
                             "batching.flush_after_s=1", "summarization.global_refresh_s=1", "summarization.fan_in=2",
+                            f"job.python_path={python_path()}",
                             *([f"job.inject_failure=merger:after:ben/batch-000001:{marker}"]
                               if failing == "merger" else []))
         env = create_environment(config, str(output))
@@ -184,6 +187,13 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
                         *((str(p), p.read_bytes()) for p in checkpoints), *(("Flink log", t) for t in new_logs)]:
         assert key.encode() not in data and secret.encode() not in data, f"the service key is in the {where}"
     assert str(key_file).encode() in plan_json.encode()  # (where the key is, not what)
+
+
+def python_path():
+    """The TaskManager's Python (thread mode) imports this module's agent class: site-packages, the checkout,
+    and this directory."""
+    here = Path(__file__).resolve().parent
+    return os.pathsep.join([*(p for p in site.getsitepackages() if os.path.isdir(p)), str(here.parents[1]), str(here)])
 
 
 @contextmanager
