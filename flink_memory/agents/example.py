@@ -54,38 +54,50 @@ def outcome(turn: Turn, decision: str, **fields: Any) -> dict[str, Any]:
     return {"agent_id": turn.agent_id, "turn": turn.id, "decision": decision, **fields}
 
 
+def memory_vector_store(store: str, input: str | None = None, *, config: str | None = None,
+                        settings: list[str] | None = None, mode: str = "hybrid") -> ResourceDescriptor:
+    """The FlinkMemoryVectorStore resource the actions use (named VECTOR_STORE)."""
+    return ResourceDescriptor(clazz=FlinkMemoryVectorStore.CLASS_PATH, store=store, input=input, config=config,
+                              settings=list(settings or []), mode=mode)
+
+
+def remember_or_recall(event: Event, ctx: RunnerContext) -> None:
+    """The action: recall for a question, remember a fact, let small talk go; one output per turn acted on.
+    (A function, so other agents declare it as their own action: Flink Agents refuses inherited actions.)"""
+    value = InputEvent.from_event(event).input
+    try:
+        turn = Turn.model_validate(json.loads(value) if isinstance(value, (str, bytes)) else value)
+    except ValueError as exc:  # (a bad turn is answered, never fatal: the job would restart on it forever)
+        ctx.send_event(OutputEvent(output={"decision": "invalid", "reason": str(exc).splitlines()[0]}))
+        return
+    decision = decide(turn.text)
+    if decision == "recall":
+        hits = recall(ctx, turn.agent_id, turn.text, k=3)
+        ctx.send_event(OutputEvent(output=outcome(turn, decision, question=turn.text, recalled=[
+            {"id": d.id, "kind": d.metadata.get("kind"), "text": d.content} for d in hits])))
+    elif decision == "remember":
+        fields = {"id": turn.id, "ts": turn.ts, "metadata": {"source": "remembering-agent"}}
+        if memory_store(ctx).input is not None:
+            remember(ctx, turn.agent_id, turn.text, **fields)
+            ctx.send_event(OutputEvent(output=outcome(turn, decision, written=True)))
+        else:
+            record = json.loads(memory_record(turn.agent_id, turn.text, **fields))
+            ctx.send_event(OutputEvent(output=outcome(turn, decision, record=record)))
+
+
 class RememberingAgent(Agent):
     """Remembers the facts a user states, recalls them when asked, through flink-memory."""
 
     def __init__(self, store: str, input: str | None = None, *, config: str | None = None,
                  settings: list[str] | None = None, mode: str = "hybrid") -> None:
         super().__init__()
-        self.add_resource(VECTOR_STORE, ResourceType.VECTOR_STORE, ResourceDescriptor(
-            clazz=FlinkMemoryVectorStore.CLASS_PATH, store=store, input=input, config=config,
-            settings=list(settings or []), mode=mode))
+        self.add_resource(VECTOR_STORE, ResourceType.VECTOR_STORE,
+                          memory_vector_store(store, input, config=config, settings=settings, mode=mode))
 
     @action(InputEvent.EVENT_TYPE)
     @staticmethod
     def on_turn(event: Event, ctx: RunnerContext) -> None:
-        value = InputEvent.from_event(event).input
-        try:
-            turn = Turn.model_validate(json.loads(value) if isinstance(value, (str, bytes)) else value)
-        except ValueError as exc:  # (a bad turn is answered, never fatal: the job would restart on it forever)
-            ctx.send_event(OutputEvent(output={"decision": "invalid", "reason": str(exc).splitlines()[0]}))
-            return
-        decision = decide(turn.text)
-        if decision == "recall":
-            hits = recall(ctx, turn.agent_id, turn.text, k=3)
-            ctx.send_event(OutputEvent(output=outcome(turn, decision, question=turn.text, recalled=[
-                {"id": d.id, "kind": d.metadata.get("kind"), "text": d.content} for d in hits])))
-        elif decision == "remember":
-            fields = {"id": turn.id, "ts": turn.ts, "metadata": {"source": "remembering-agent"}}
-            if memory_store(ctx).input is not None:
-                remember(ctx, turn.agent_id, turn.text, **fields)
-                ctx.send_event(OutputEvent(output=outcome(turn, decision, written=True)))
-            else:
-                record = json.loads(memory_record(turn.agent_id, turn.text, **fields))
-                ctx.send_event(OutputEvent(output=outcome(turn, decision, record=record)))
+        remember_or_recall(event, ctx)
 
 
 def memory_records(output: Any) -> list[dict[str, Any]]:

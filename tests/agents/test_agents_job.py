@@ -15,6 +15,7 @@ from pathlib import Path
 import pyflink
 import pytest
 from agentkit import Service
+from flink_agents.api.agents.agent import Agent
 from flink_agents.api.decorators import action
 from flink_agents.api.events.event import Event, InputEvent, OutputEvent
 from flink_agents.api.resource import ResourceType
@@ -24,7 +25,8 @@ from flink_agents.plan.configuration import AgentConfiguration
 from jobkit import batch_units, check_tree, config_for, wait_for, write_lines
 from scripted_server import Reply, ScriptedServer, fact_keeping_summary
 
-from flink_memory.agents.example import RememberingAgent, decide
+from flink_memory.agents.actions import VECTOR_STORE
+from flink_memory.agents.example import decide, memory_vector_store, remember_or_recall
 from flink_memory.agents.mcp import memory_mcp_server
 from flink_memory.agents.pipeline import add_agent_memory
 from flink_memory.cli.run import Applier
@@ -47,13 +49,14 @@ SMALL_TALK = ["Hi!", "thanks", "ok", "Thanks, that helps."]
 QUESTIONS = {"ana": "Which foods am I allergic to?", "ben": "Which car do I drive?"}
 
 
-class TestedAgent(RememberingAgent):
-    """RememberingAgent that also asks the service's MCP `recall` tool (the MCP door, its key in a file) for each
+class TestedAgent(Agent):
+    """RememberingAgent's action that also asks the service's MCP `recall` tool (the MCP door, its key in a file) for each
     question, and whose action fails once on the turn that carries a `fail_once` marker path (the agent's own
     operator fails, after it handed on, and checkpointed, the records of the turns before)."""
 
     def __init__(self, store, endpoint, key_file):
-        super().__init__(store)
+        super().__init__()
+        self.add_resource(VECTOR_STORE, ResourceType.VECTOR_STORE, memory_vector_store(store))
         self.add_resource("memory_tools", ResourceType.MCP_SERVER, memory_mcp_server(endpoint, key_file=key_file))
 
     @action(InputEvent.EVENT_TYPE)
@@ -70,7 +73,7 @@ class TestedAgent(RememberingAgent):
                                                                         agent_id=turn["agent_id"])
             ctx.send_event(OutputEvent(output={"agent_id": turn["agent_id"], "turn": turn["id"],
                                                "decision": "mcp", "answer": json.dumps(answer, default=str)}))
-        RememberingAgent.on_turn(InputEvent(input=json.dumps(turn)), ctx)
+        remember_or_recall(InputEvent(input=turn), ctx)
 
 
 def turns(agent, fail_marker=None):
