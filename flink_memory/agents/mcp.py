@@ -2,9 +2,11 @@
 with the service key kept out of the agent plan, logs and checkpoints (invariant 5).
 
 Flink Agents' MCPServer sends `headers` as given, and its plan holds them in clear (the plan JSON is in the
-job graph and every TaskManager's log of it). MemoryMCPServer holds only where the key is, a file (or an
-environment variable, for local runs: Flink logs environments), and ServiceKeyAuth reads it for each request,
-as the connection is made; what is serialized (the plan, the tools' copies of the server) names the file.
+job graph). Its `auth` (an httpx.Auth, cloudpickled into the plan) is the way in: ServiceKeyAuth holds only where
+the key is, a file (or an environment variable, for local runs: Flink logs environments), and reads it for each
+request, as the connection is made; what is serialized (the plan, the tools' copies of the server) names the
+file. (Flink Agents 0.3.1's Flink runtime builds every MCP server as its own MCPServer class, whatever the
+descriptor names, so the key's place travels in `auth`, which that class restores.)
 
     @mcp_server
     @staticmethod
@@ -14,15 +16,14 @@ as the connection is made; what is serialized (the plan, the tools' copies of th
 
 from __future__ import annotations
 
+import base64
 import os
 from collections.abc import Generator
 from pathlib import Path
-from typing import Any, ClassVar
 
+import cloudpickle
 import httpx
 from flink_agents.api.resource import ResourceDescriptor
-from flink_agents.integrations.mcp.mcp import MCPServer
-from pydantic import model_validator
 
 
 class KeyUnavailable(RuntimeError):
@@ -60,32 +61,14 @@ class ServiceKeyAuth(httpx.Auth):
         return f"ServiceKeyAuth({place})"
 
 
-class MemoryMCPServer(MCPServer):
-    """Flink Agents' MCPServer for flink-memory's /mcp: `key_file` or `key_env`, never `headers` with a key."""
-
-    CLASS_PATH: ClassVar[str] = "flink_memory.agents.mcp.MemoryMCPServer"
-
-    key_file: str | None = None
-    key_env: str | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _key_by_reference(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        headers = data.get("headers") or {}
-        if any(name.lower() == "authorization" for name in headers):
-            raise ValueError("the service key goes in key_file= (or key_env=), not in headers: headers are "
-                             "kept in clear in the agent plan")
-        if data.get("auth") is None and (data.get("key_file") or data.get("key_env")):
-            data = {**data, "auth": ServiceKeyAuth(data.get("key_file"), data.get("key_env"))}
-        return data
+MCP_SERVER_CLASS = "flink_agents.integrations.mcp.mcp.MCPServer"
 
 
 def memory_mcp_server(endpoint: str, *, key_file: str | None = None, key_env: str | None = None,
                       timeout: int = 30) -> ResourceDescriptor:
-    """The descriptor of an `@mcp_server` resource for flink-memory's /mcp (a key from a file or variable)."""
-    ServiceKeyAuth(key_file, key_env)  # (one of the two, checked where the agent is declared)
-    arguments: dict[str, Any] = {"endpoint": endpoint, "timeout": timeout}
-    arguments.update({"key_file": key_file} if key_file is not None else {"key_env": key_env})
-    return ResourceDescriptor(clazz=MemoryMCPServer.CLASS_PATH, **arguments)
+    """The descriptor of an `@mcp_server` resource for flink-memory's /mcp, its key read from a file (or a
+    variable) per request. Flink Agents' own MCPServer class (its Flink runtime builds no other), with `auth` as
+    MCPServer serializes it (cloudpickled): a ServiceKeyAuth, which holds where the key is, not the key."""
+    auth = ServiceKeyAuth(key_file, key_env)
+    return ResourceDescriptor(clazz=MCP_SERVER_CLASS, endpoint=endpoint, timeout=timeout,
+                              auth=base64.b64encode(cloudpickle.dumps(auth)).decode())

@@ -16,11 +16,11 @@ from flink_agents.api.decorators import action, mcp_server
 from flink_agents.api.events.event import Event, InputEvent, OutputEvent
 from flink_agents.api.resource import ResourceDescriptor, ResourceType
 from flink_agents.api.runner_context import RunnerContext
+from flink_agents.integrations.mcp.mcp import MCPServer
 from flink_agents.plan.agent_plan import AgentPlan
 from flink_agents.plan.configuration import AgentConfiguration
 
-from flink_memory.agents import mcp as door
-from flink_memory.agents.mcp import KeyUnavailable, MemoryMCPServer, ServiceKeyAuth, memory_mcp_server
+from flink_memory.agents.mcp import KeyUnavailable, ServiceKeyAuth, memory_mcp_server
 from flink_memory.records import MemoryItem, parse_line
 from flink_memory.service.keys import add_key
 
@@ -101,7 +101,7 @@ def test_the_agent_recalls_and_remembers_through_mcp_and_the_key_stays_out_of_pl
     for where, text in [("plan JSON", plan_json), ("pickled auth", b"".join(pickled).decode("latin-1")),
                         ("agents log", caplog.text), ("service log", server.log.read_text())]:
         assert key not in text and secret not in text, f"the service key is in the {where}"
-    assert '"key_file"' in plan_json and ENDPOINT["key_file"] in plan_json  # (where it is, not what)
+    assert any(ENDPOINT["key_file"].encode() in p for p in pickled)  # (where it is, not what)
     control = AgentPlan.from_agent(HeaderAgent(), AgentConfiguration()).model_dump_json(serialize_as_any=True)
     assert key in control  # (headers: the key in clear in the plan, what MemoryMCPServer avoids)
 
@@ -124,12 +124,24 @@ def _is_base64(value):
         return False
 
 
+def test_the_server_flink_builds_from_the_plan_reads_the_key_from_its_file(service, tmp_path):
+    """Flink Agents' Flink runtime builds every MCP server as its MCPServer from the descriptor's arguments in
+    the plan JSON (whatever class the descriptor names): the key's place must survive that round trip."""
+    server, key, _ = service
+    arguments = json.loads(json.dumps(memory_mcp_server(ENDPOINT["url"], key_file=ENDPOINT["key_file"]).arguments))
+    assert key not in json.dumps(arguments)
+    built = MCPServer(**arguments)
+    assert isinstance(built.auth, ServiceKeyAuth) and built.headers is None
+    assert {"recall", "remember"} <= {tool.metadata.name for tool in built.list_tools()}
+    built.close()
+
+
 def test_a_wrong_or_missing_key_is_refused_and_names_no_key(service, tmp_path):
     server, key, _ = service
     wrong = tmp_path / "wrong_key"
     wrong.write_text("fmk_00000000_notakey")
     with pytest.raises(Exception) as refused:  # noqa: PT011 - (the mcp client's own error for a 401)
-        MemoryMCPServer(endpoint=f"{server.url}/mcp", key_file=str(wrong)).list_tools()
+        MCPServer(endpoint=f"{server.url}/mcp", auth=ServiceKeyAuth(key_file=str(wrong))).list_tools()
     assert "notakey" not in str(refused.value)
     with pytest.raises(KeyUnavailable, match="missing_key"):
         ServiceKeyAuth(key_file=str(tmp_path / "missing_key")).key()
@@ -137,12 +149,9 @@ def test_a_wrong_or_missing_key_is_refused_and_names_no_key(service, tmp_path):
         ServiceKeyAuth(key_env="MEMORY_KEY_UNSET").key()
 
 
-def test_a_key_in_headers_or_no_key_place_is_refused():
-    with pytest.raises(ValueError, match="not in headers"):
-        MemoryMCPServer(endpoint="http://127.0.0.1:1/mcp", headers={"Authorization": "Bearer fmk_x_y"})
+def test_the_key_has_one_place():
     with pytest.raises(ValueError, match="one of them"):
         memory_mcp_server("http://127.0.0.1:1/mcp")
     with pytest.raises(ValueError, match="one of them"):
         memory_mcp_server("http://127.0.0.1:1/mcp", key_file="/k", key_env="K")
     assert repr(ServiceKeyAuth(key_env="K")) == "ServiceKeyAuth(key_env='K')"
-    assert door.MemoryMCPServer.CLASS_PATH == "flink_memory.agents.mcp.MemoryMCPServer"
