@@ -103,7 +103,7 @@ def test_the_agent_recalls_and_remembers_through_mcp_and_the_key_stays_out_of_pl
         assert key not in text and secret not in text, f"the service key is in the {where}"
     assert any(ENDPOINT["key_file"].encode() in p for p in pickled)  # (where it is, not what)
     control = AgentPlan.from_agent(HeaderAgent(), AgentConfiguration()).model_dump_json(serialize_as_any=True)
-    assert key in control  # (headers: the key in clear in the plan, what MemoryMCPServer avoids)
+    assert key in control  # (headers: the key in clear in the plan, what memory_mcp_server avoids)
 
 
 def _strings(value):
