@@ -193,10 +193,11 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
 
 
 def python_path():
-    """The TaskManager's Python (thread mode) imports this module's agent class: site-packages, the checkout,
-    and this directory."""
+    """The TaskManager's Python (thread mode) imports this module's agent class, and with it the test helpers:
+    site-packages, the checkout, tests/ and this directory."""
     here = Path(__file__).resolve().parent
-    return os.pathsep.join([*(p for p in site.getsitepackages() if os.path.isdir(p)), str(here.parents[1]), str(here)])
+    return os.pathsep.join([*(p for p in site.getsitepackages() if os.path.isdir(p)), str(here.parents[1]),
+                            str(here.parent), str(here)])
 
 
 @contextmanager
