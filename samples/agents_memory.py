@@ -16,13 +16,15 @@ import json
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
-from flink_memory.agents.example import RememberingAgent
+from flink_memory.agents.example import RememberingAgent, decide
 from flink_memory.agents.pipeline import add_agent_memory
 from flink_memory.cli.run import Applier
 from flink_memory.config import load_config
-from flink_memory.flink.pipeline import create_environment, file_source
+from flink_memory.flink.pipeline import create_environment, file_sink, file_source
 from flink_memory.llm.embedded import start_local_model
 from flink_memory.store import open_store
 
@@ -53,6 +55,25 @@ def publish(inbox: Path, name: str, turns: list[dict]) -> None:
     tmp.rename(inbox / name)
 
 
+def outcomes(output: Path) -> list[dict]:
+    """What the agent did, as committed so far (the file sink commits on checkpoints)."""
+    return [json.loads(line) for path in sorted((output / "agent-outcomes").rglob("*.jsonl"))
+            if not path.name.startswith(".") for line in path.read_text().splitlines() if line.strip()]
+
+
+def at_least(found: list[dict], count: int) -> list[dict] | None:
+    return found if len(found) >= count else None
+
+
+def wait(what: Callable[[], Any], timeout_s: float) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if found := what():
+            return found
+        time.sleep(1)
+    return None
+
+
 def remembered(store_url: str, expected: dict[str, set[str]]) -> dict[str, list[tuple[str, str, str | None]]] | None:
     """Each agent's units (id, text, batch node), once every expected unit is committed in a batch node."""
     try:
@@ -80,39 +101,39 @@ def main() -> int:
     env = create_environment(config, str(output))
     streams = add_agent_memory(env, file_source(env, str(inbox), follow=True), RememberingAgent(store_url),
                                config, str(output))
+    streams.outcomes.sink_to(file_sink(str(output / "agent-outcomes"), "outcomes")).uid("agent-outcomes-sink")
     publish(inbox, "turns-1.jsonl", TURNS)
+    client = env.execute_async("agent-memory-sample")
     applier = Applier(store_url, str(output), config)
-    outcomes = streams.outcomes.execute_and_collect("agent-memory-sample")
-    expected: dict[str, set[str]] = {}
     try:
+        acting = sum(decide(t["text"]) != "skip" for t in TURNS)  # (small talk gets no output)
+        acted = wait(lambda: at_least(outcomes(output), acting), args.timeout)
+        if acted is None:
+            print(f"the agent's decisions were not committed within {args.timeout:g} s", file=sys.stderr)
+            return 1
+        decided = {(o["agent_id"], o["turn"]): o["decision"] for o in acted}
         for turn in TURNS:
-            expected.setdefault(turn["agent_id"], set())
-        seen = 0
-        while seen < len(TURNS):  # what the agent decided, turn by turn
-            outcome = json.loads(next(outcomes))
-            seen += 1
-            if outcome["decision"] == "remember":
-                expected[outcome["agent_id"]].add(outcome["turn"])
-            print(f"agent {outcome['agent_id']} turn {outcome['turn']}: {outcome['decision']}")
-        deadline, found = time.monotonic() + args.timeout, None
-        while found is None and time.monotonic() < deadline:
-            found = remembered(store_url, expected)
-            time.sleep(1)
+            print(f"{turn['agent_id']} said {turn['text']!r}: {decided.get((turn['agent_id'], turn['id']), 'let go')}")
+        expected = {agent: {turn for (a, turn), d in decided.items() if a == agent and d == "remember"}
+                    for agent in sorted({t["agent_id"] for t in TURNS})}
+        found = wait(lambda: remembered(store_url, expected), args.timeout)
         if found is None:
             print(f"the summaries were not in the store within {args.timeout:g} s", file=sys.stderr)
             return 1
         for agent, units in found.items():
-            print(f"remembered by {agent} (memory units in the store, and their batch node):")
+            print(f"remembered by {agent} (memory units in the store, and the batch node of each):")
             for uid, text, batch in units:
                 print(f"  {uid:4} {batch or '-':13} {text}")
         publish(inbox, "turns-2.jsonl", QUESTIONS)
-        for _ in QUESTIONS:
-            outcome = json.loads(next(outcomes))
-            print(f"{outcome['agent_id']} asked {outcome['question']!r}; recalled:")
-            for hit in outcome["recalled"] or [{"kind": "-", "id": "-", "text": "(nothing of its own memory)"}]:
+        asked = {(q["agent_id"], q["id"]) for q in QUESTIONS}
+        answers = wait(lambda: at_least([o for o in outcomes(output) if o["decision"] == "recall"
+                                         and (o["agent_id"], o["turn"]) in asked], len(asked)), 300)
+        for answer in sorted(answers or [], key=lambda o: (o["agent_id"], o["turn"])):
+            print(f"{answer['agent_id']} asked {answer['question']!r}; recalled:")
+            for hit in answer["recalled"] or [{"kind": "-", "id": "-", "text": "(nothing of its own memory)"}]:
                 print(f"  {hit['kind']:6} {hit['id']:13} {hit['text'][:90]}")
     finally:
-        outcomes.close()  # (cancels the job)
+        client.cancel().result()
         applier.stop()
         if model is not None:
             model.close()
