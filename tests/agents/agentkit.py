@@ -93,3 +93,31 @@ class Service:
         except Exception:  # noqa: BLE001
             self.process.kill()
             self.process.wait()
+
+
+def pickled_values(plan_json: str) -> list[bytes]:
+    """The cloudpickled values in an agent plan (base64 strings, e.g. an MCP server's `auth`), decoded."""
+    import base64
+    import json
+
+    import cloudpickle
+
+    def strings(value: Any):
+        if isinstance(value, str):
+            yield value
+        elif isinstance(value, dict):
+            for v in value.values():
+                yield from strings(v)
+        elif isinstance(value, list):
+            for v in value:
+                yield from strings(v)
+
+    found = []
+    for text in strings(json.loads(plan_json)):
+        try:
+            data = base64.b64decode(text, validate=True)
+            if len(text) > 40 and cloudpickle.loads(data) is not None:
+                found.append(data)
+        except Exception:  # noqa: BLE001 - (not a pickle)
+            continue
+    return found

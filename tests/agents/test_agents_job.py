@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pyflink
 import pytest
-from agentkit import Service
+from agentkit import Service, pickled_values
 from flink_agents.api.agents.agent import Agent
 from flink_agents.api.decorators import action
 from flink_agents.api.events.event import Event, InputEvent, OutputEvent
@@ -186,10 +186,12 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
     assert checkpoints, "no checkpoint was retained"
     new_logs = [p.read_bytes()[logged_before.get(p, 0):] for p in logs.glob("*") if p.is_file()]
     assert any(b"action-execute-operator" in text for text in new_logs), "not the job's log"
+    pickled = pickled_values(plan_json)
     for where, data in [("plan", plan_json.encode()), ("service log", (tmp_path / "service.log").read_bytes()),
+                        *(("pickled auth", p) for p in pickled),
                         *((str(p), p.read_bytes()) for p in checkpoints), *(("Flink log", t) for t in new_logs)]:
         assert key.encode() not in data and secret.encode() not in data, f"the service key is in the {where}"
-    assert str(key_file).encode() in plan_json.encode()  # (where the key is, not what)
+    assert any(str(key_file).encode() in p for p in pickled)  # (where the key is, not what)
 
 
 def python_path():

@@ -3,14 +3,12 @@ the agents extra installs (1.x, flink-agents' pins), against `flink-memory serve
 environment). The service key is read from a file when the connection is made: it is in no plan JSON and no
 log; a key for one agent reads and writes that agent only."""
 
-import base64
 import json
 import logging
 from importlib.metadata import version
 
-import cloudpickle
 import pytest
-from agentkit import FACTS, Service, run_local, write_store
+from agentkit import FACTS, Service, pickled_values, run_local, write_store
 from flink_agents.api.agents.agent import Agent
 from flink_agents.api.decorators import action, mcp_server
 from flink_agents.api.events.event import Event, InputEvent, OutputEvent
@@ -96,7 +94,7 @@ def test_the_agent_recalls_and_remembers_through_mcp_and_the_key_stays_out_of_pl
     assert isinstance(written, MemoryItem) and (written.agent_id, written.id) == ("alice", "trip-1")
 
     secret = key.split("_", 2)[2]  # (fmk_<id>_<secret>: the secret part alone, as a log might cut it)
-    pickled = [base64.b64decode(v) for v in _strings(plan) if _is_base64(v)]
+    pickled = pickled_values(plan_json)
     assert pickled, "the tools carry their server (with its auth, pickled)"
     for where, text in [("plan JSON", plan_json), ("pickled auth", b"".join(pickled).decode("latin-1")),
                         ("agents log", caplog.text), ("service log", server.log.read_text())]:
@@ -104,24 +102,6 @@ def test_the_agent_recalls_and_remembers_through_mcp_and_the_key_stays_out_of_pl
     assert any(ENDPOINT["key_file"].encode() in p for p in pickled)  # (where it is, not what)
     control = AgentPlan.from_agent(HeaderAgent(), AgentConfiguration()).model_dump_json(serialize_as_any=True)
     assert key in control  # (headers: the key in clear in the plan, what memory_mcp_server avoids)
-
-
-def _strings(value):
-    if isinstance(value, str):
-        yield value
-    elif isinstance(value, dict):
-        for v in value.values():
-            yield from _strings(v)
-    elif isinstance(value, list):
-        for v in value:
-            yield from _strings(v)
-
-
-def _is_base64(value):
-    try:
-        return len(value) > 40 and bool(cloudpickle.loads(base64.b64decode(value, validate=True)))
-    except Exception:  # noqa: BLE001
-        return False
 
 
 def test_the_server_flink_builds_from_the_plan_reads_the_key_from_its_file(service, tmp_path):
