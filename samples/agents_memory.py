@@ -41,7 +41,7 @@ TURNS = [
 ]
 QUESTIONS = [
     {"agent_id": "ana", "id": "q1", "text": "Which foods must I avoid?"},
-    {"agent_id": "ben", "id": "q1", "text": "What car do I have?"},
+    {"agent_id": "ben", "id": "q1", "text": "Which car do I drive?"},
     {"agent_id": "ben", "id": "q2", "text": "Which foods must I avoid?"},  # ana's, not ben's: nothing of hers comes back
 ]
 SETTINGS = ["batching.max_items=2", "batching.flush_after_s=2", "summarization.global_refresh_s=2",
