@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import time
@@ -97,6 +98,8 @@ def main() -> int:
     inbox.mkdir(parents=True)
     config = load_config(None, SETTINGS + args.overrides)
     model = start_local_model(config)  # the bundled model for the summaries, unless llm.base_url is set
+    if model is not None:
+        print(f"[sample] the bundled model {model.model_path.name} on {model.base_url}", file=sys.stderr)
     store_url = config.store.location(str(output))
     env = create_environment(config, str(output))
     streams = add_agent_memory(env, file_source(env, str(inbox), follow=True), RememberingAgent(store_url),
@@ -135,10 +138,12 @@ def main() -> int:
     finally:
         client.cancel().result()
         applier.stop()
-        if model is not None:
-            model.close()
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    code = main()
+    sys.stdout.flush()
+    # (the cancelled job's TaskManagers, in this process's JVM, keep connections to the bundled model open: its
+    # server would wait for them at exit; everything is committed by now)
+    os._exit(code)
