@@ -3,7 +3,8 @@
 A stand-in provider counts tokens as characters / 4 (close to real BPE on English), refuses a prompt + max_tokens
 above its window with HTTP 400 (as llama.cpp does) and has no /tokenize, so the job counts with its
 calibrated estimate. The workload: many agents, items of mixed size (one or two sentences, dated over
-several days) and one huge item of 900 sentences: about 1 000 items and 50 000 tokens by default. The baseline puts all of an agent's items in one request
+several days) and one huge item of 900 sentences: about 1 000 items and 50 000 tokens by default. The baseline
+puts all of an agent's items in one request
 with the same prompt format; it is counted, not sent, when it does not fit.
 
     python benchmarks/budgets.py                       # 6 agents x 167 items, window 2048, output 256

@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 from jobkit import write_lines  # noqa: E402
 
-from flink_memory.llm.embedded import EmbeddedServer  # noqa: E402
+from flink_memory.llm.llamacpp import EmbeddedServer  # noqa: E402
 from flink_memory.outputs import read_outputs  # noqa: E402
 
 NAMES = ["Greta", "Selquisel Marbonne", "Okonkwo", "Dana", "Chen Wei", "Farah Haddad", "Emil Novák", "José"]
@@ -48,8 +48,10 @@ def sentence(rng: random.Random, i: int) -> str:
     who, other, place = rng.choice(NAMES), rng.choice(NAMES), rng.choice(PLACES)
     return rng.choice([
         f"{who}'s daughter turns {rng.randint(2, 17)} on 2026-{rng.randint(1, 12):02d}-{rng.randint(1, 28):02d}.",
-        f"{who} paid {rng.randint(10, 9999)}.{rng.randint(0, 99):02d} EUR for the flat in {place} (ref {rng.randint(10**5, 10**6)}).",
-        f"Met {other} in {place} at {rng.randint(7, 21)}:{rng.choice(['00', '15', '30', '45'])}; they prefer tea to coffee.",
+        f"{who} paid {rng.randint(10, 9999)}.{rng.randint(0, 99):02d} EUR for the flat in {place} "
+        f"(ref {rng.randint(10**5, 10**6)}).",
+        f"Met {other} in {place} at {rng.randint(7, 21)}:{rng.choice(['00', '15', '30', '45'])}; "
+        "they prefer tea to coffee.",
         f"{who} is allergic to penicillin and takes {rng.randint(5, 50)} mg of cetirizine daily.",
         f"The user wants to visit {place} again and keep the budget under {rng.randint(500, 5000)} EUR.",
         f"{who} moved the launch review to week {rng.randint(1, 52)} after talking to {other}.",

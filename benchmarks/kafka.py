@@ -63,7 +63,8 @@ def throughput(root: Path, broker: KafkaBroker, records: list[dict], args: argpa
         files_s = run_job(config_for(server.base_url, *settings), str(input_path), root / "files")
         kafka_config = config_for(server.base_url, *settings, "source.kafka.bounded=true",
                                   "source.kafka.starting_offsets=earliest",
-                                  f"sink.kafka.bootstrap_servers={broker.bootstrap}", f"sink.kafka.topic_prefix={prefix}")
+                                  f"sink.kafka.bootstrap_servers={broker.bootstrap}",
+                                  f"sink.kafka.topic_prefix={prefix}")
         kafka_s = run_job(kafka_config, f"kafka://{broker.bootstrap}/{topic}", root / "kafka")
     nodes = [json.loads(v) for _, v in consume_all(broker.bootstrap, f"{prefix}summaries") if v is not None]
     covered = sum(batch_units(nodes).values())
@@ -110,7 +111,8 @@ def latency(root: Path, broker: KafkaBroker, args: argparse.Namespace) -> dict[s
     with ScriptedServer() as server:
         config = config_for(server.base_url, f"batching.max_items={args.max_items}", "batching.flush_after_s=2",
                             f"summarization.fan_in={args.fan_in}", "checkpointing.interval_s=10",
-                            "source.kafka.starting_offsets=earliest", f"sink.kafka.bootstrap_servers={broker.bootstrap}",
+                            "source.kafka.starting_offsets=earliest",
+                            f"sink.kafka.bootstrap_servers={broker.bootstrap}",
                             f"sink.kafka.topic_prefix={prefix}")
         client = build_job(config, f"kafka://{broker.bootstrap}/{topic}", str(root / "latency")).execute_async("lat")
         try:

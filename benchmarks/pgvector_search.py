@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.embeddings import embedder_for  # noqa: E402
 from flink_memory.store import pgvector  # noqa: E402
-from flink_memory.store.sql import NODES  # noqa: E402
+from flink_memory.store.schema import NODES  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
             with conn.transaction():
                 for setting in settings:
                     conn.execute(setting)
-                return [key for key, _ in conn.cursor(binary=True).execute(
+                return [row[0] for row in conn.cursor(binary=True).execute(
                     statement, (args.agent, pgvector.text(question), 50), prepare=False).fetchall()]
         return search
 

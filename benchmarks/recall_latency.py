@@ -10,9 +10,10 @@ in about a minute), written through the store's own vector statement; or synthet
 model's dimension (for a model too slow to embed a million texts): `--vectors structured`, of a low
 intrinsic dimension, as text embeddings are (a 32-dimensional gaussian mapped into the model's space, plus
 noise), or `--vectors random` (no near neighbours, which an approximate index cannot find).
-`--bulk` (PostgreSQL) loads the vectors first and builds the HNSW index after, timed on its own. Then `--queries` distinct questions (three words of one of
-the agent's units) are recalled in hybrid mode with the real embedding model, so each timing includes
-embedding the question; p50/p99 are printed per mode. The first recall (which loads the agent's vectors) is
+`--bulk` (PostgreSQL) loads the vectors first and builds the HNSW index after, timed on its own. Then
+`--queries` distinct questions (three words of one of the agent's units) are recalled in hybrid mode with the real
+embedding model, so each timing includes embedding the question; p50/p99 are printed per mode. The first recall
+(which loads the agent's vectors) is
 reported on its own. Vector recall is checked against an exact search over the agent's vectors: the share
 of the exact top 5 that `recall(mode="vector", k=5)` returns (1.0 for an exact search; below it, what an
 approximate index such as PostgreSQL's HNSW misses).
@@ -38,7 +39,7 @@ from flink_memory.config import load_config  # noqa: E402
 from flink_memory.embeddings import embedder_for  # noqa: E402
 from flink_memory.records import MemoryUnit  # noqa: E402
 from flink_memory.store import open_store  # noqa: E402
-from flink_memory.store.sql import SET_VECTOR, text_digest  # noqa: E402
+from flink_memory.store.schema import SET_VECTOR, text_digest  # noqa: E402
 
 LATENT, NOISE = 32, 0.3  # the synthetic vectors' intrinsic dimension and noise
 
@@ -62,7 +63,8 @@ def texts(rng: random.Random, vocab: list[str], n: int) -> list[str]:
     return out
 
 
-def build(location: str, args: argparse.Namespace, embedder: Any) -> tuple[dict[str, Any], list[str], list[str], np.ndarray]:
+def build(location: str, args: argparse.Namespace,
+          embedder: Any) -> tuple[dict[str, Any], list[str], list[str], np.ndarray]:
     rng = random.Random(7)
     vocab = vocabulary(rng, args.vocabulary)
     others = max(1, args.others)
@@ -182,7 +184,8 @@ def measure(location: str, embedder: Any, questions: list[str], mode: str, diver
             times.append(1000 * (time.perf_counter() - started))
             assert hits, question
     times.sort()
-    return {"mode": mode, "diversity": diversity, "queries": len(times), "first_ms": first_ms, "p50_ms": statistics.median(times),
+    return {"mode": mode, "diversity": diversity, "queries": len(times), "first_ms": first_ms,
+            "p50_ms": statistics.median(times),
             "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "mean_ms": statistics.fmean(times)}
 
 

@@ -7,15 +7,17 @@ The store holds one agent with `--agent-units` memory units among `--rows` rows 
 builds it: into a temporary SQLite file, or with --postgres into a throwaway PostgreSQL server started from the
 machine's binaries; --store reuses a built store, SQLite file or PostgreSQL URL, read only). `flink-memory
 serve --read-only` runs in its own process; `--clients` keep-alive connections from this process (one asyncio
-loop, plain HTTP/1.1 on sockets: well under 1 ms of CPU per request) each send `POST /v1/agents/agent-0/recall` with a distinct question
-(three words of one of the agent's units, recall_latency's questions) as soon as the previous answer arrived,
-for `--seconds` after a warm-up. Reported: requests/s, p50/p99 latency, errors (anything but a 200 with hits),
+loop, plain HTTP/1.1 on sockets: well under 1 ms of CPU per request) each send
+`POST /v1/agents/agent-0/recall` with a distinct question (three words of one of the agent's units, recall_latency's
+questions) as soon as the previous answer arrived, for `--seconds` after a warm-up. Reported: requests/s, p50/p99
+latency, errors (anything but a 200 with hits),
 and the CPU time of the server, of the database server (PostgreSQL) and of the clients, per request and in
 cores, so that what the clients take from the server's two cores is known, and what other processes of the
 machine took meanwhile; then one client alone (the latency
 of a request on an idle server); then an open loop at `--rate` requests/s (40), each request timed from its
-scheduled start, so that a server that falls behind shows it. Then the baseline: `flink-memory recall agent-0 QUESTION --store ...` per
-question, a new process each time, one after the other. Last, the results as a row of a markdown table.
+scheduled start, so that a server that falls behind shows it. Then the
+baseline: `flink-memory recall agent-0 QUESTION --store ...` per question, a new process each time, one after the
+other. Last, the results as a row of a markdown table.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ sys.path.insert(0, str(ROOT / "tests"))  # (pgserver: a throwaway PostgreSQL ser
 from recall_latency import build, questions  # noqa: E402
 
 from flink_memory.store import open_store  # noqa: E402
-from flink_memory.store.sql import NODES  # noqa: E402
+from flink_memory.store.schema import NODES  # noqa: E402
 
 AGENT = "agent-0"
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -379,7 +381,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"store": store_kind, "mode": args.mode, "service": service, "cli": cli}
     cpu = service["cpu"]
     print(f"{store_kind} {args.mode}: {args.clients} clients for {service['seconds']:.0f} s: "
-          f"{service['requests_per_s']:.1f} requests/s, p50 {service['p50_ms']:.1f} ms, p99 {service['p99_ms']:.1f} ms, "
+          f"{service['requests_per_s']:.1f} requests/s, p50 {service['p50_ms']:.1f} ms, "
+          f"p99 {service['p99_ms']:.1f} ms, "
           f"{service['errors']} errors {service['error_kinds'] or ''}({service['requests']} requests, first request "
           f"{service['first_request_ms']:.0f} ms)")
     print(f"  CPU: server {cpu['server_cores']:.2f} cores ({cpu['server_ms_per_request']:.1f} ms per request), "

@@ -40,7 +40,7 @@ from scripted_server import ScriptedServer  # noqa: E402
 
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
-from flink_memory.llm.client import LLMClient  # noqa: E402
+from flink_memory.llm.chat_client import LLMClient  # noqa: E402
 from flink_memory.llm.runtime import read_stats  # noqa: E402
 from flink_memory.outputs import latest_globals, read_outputs  # noqa: E402
 from flink_memory.requests import LLMCallError, RequestFactory  # noqa: E402
@@ -97,7 +97,7 @@ def provider(kind: str, base_url: str | None, latency_s: float, context_window: 
         with ScriptedServer(latency_s=latency_s) as server:
             yield server.base_url
     else:
-        from flink_memory.llm.embedded import EmbeddedServer
+        from flink_memory.llm.llamacpp import EmbeddedServer
 
         server = EmbeddedServer(context_window=context_window, parallel=2, threads=2)
         try:

@@ -77,7 +77,8 @@ def run_bare_job(workdir: Path, input_path: Path, server_url: str, *overrides: s
     env = create_environment(config_for(server_url, *overrides), str(output))
     keyed = (
         file_source(env, str(input_path))
-        .map(lambda line: (json.loads(line)["agent_id"], line), output_type=Types.TUPLE([Types.STRING(), Types.STRING()]))
+        .map(lambda line: (json.loads(line)["agent_id"], line),
+             output_type=Types.TUPLE([Types.STRING(), Types.STRING()]))
         .key_by(lambda pair: pair[0], key_type=Types.STRING())
         .process(Count(), output_type=Types.STRING())
     )
@@ -152,7 +153,7 @@ def embeddings_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
     (off, on, off, on, ...: the machine's drift falls on both): the median of the pairs' wall time ratios, and
     the vectors still missing when each run with them ended."""
     from flink_memory.store import open_store
-    from flink_memory.store.sql import NODES
+    from flink_memory.store.schema import NODES
 
     records = items(args.overhead_agents, args.overhead_items_per_agent)
     input_path = write_lines(workdir / "embeddings.jsonl", records)
@@ -242,9 +243,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"agents, batches of {args.overhead_max_items}, instant provider", flush=True)
             overhead = overhead_case(root / "overhead", args)
             results["overhead"] = overhead
-            print(f"  bare read+parse+key_by+count job {overhead['bare_s']} s, flink-memory {overhead['flink_memory_s']} s:"
+            print(f"  bare read+parse+key_by+count job {overhead['bare_s']} s, "
+                  f"flink-memory {overhead['flink_memory_s']} s:"
                   f" ratio bare / flink-memory {overhead['bare_over_ours']}; {overhead['calls']} calls = "
-                  f"{overhead['calls_over_minimum']} x the minimum {overhead['minimum_calls']} {overhead['calls_by_kind']}",
+                  f"{overhead['calls_over_minimum']} x the minimum {overhead['minimum_calls']} "
+                  f"{overhead['calls_by_kind']}",
                   flush=True)
         if args.embeddings or args.only_embeddings:
             print(f"embeddings: the overhead workload with {embedder_name()} off and on, {args.pairs} pairs",

@@ -196,11 +196,12 @@ class JobConfig(_Section):
     # Step of the recheck grid: a key with work left also holds a timer at the next grid point, so a restored
     # key resumes and a timeout changed across a restore applies in time.
     recheck_s: float = Field(60.0, gt=0)
-    # Recovery drills: "stage:n:marker-file" makes stage planner|batcher|merger fail at its n-th activation
-    # (element or timer), or "call:n:..." at the n-th fresh LLM result; "stage:after:agent/node-id:marker-file"
-    # at the stage's first activation after the one that took that node; once, while the marker file is absent.
-    inject_failure: str | None = Field(None, pattern=r"^((planner|batcher|merger|call):[1-9][0-9]*:.+|"
-                                                     r"(planner|batcher|merger):after:[^/:]+/[^:]+:.+|record:[^/]+/.+)$")
+    # Recovery drills: "stage:n:marker-file" makes a stage (planner, batcher, merger: flink_memory.topology,
+    # which checks the name when the job is built) fail at its n-th activation (element or timer), or
+    # "call:n:..." at the n-th fresh LLM result; "stage:after:agent/node-id:marker-file" at the stage's first
+    # activation after the one that took that node; once, while the marker file is absent.
+    inject_failure: str | None = Field(None, pattern=r"^([a-z][a-z-]*:[1-9][0-9]*:.+|"
+                                                     r"[a-z][a-z-]*:after:[^/:]+/[^:]+:.+|record:[^/]+/.+)$")
     # The Kafka connector jar (a path), loaded when the input or an output is Kafka; null: the Maven cache's
     # flink-sql-connector-kafka (flink_memory.kafka.CONNECTOR).
     kafka_connector_jar: str | None = None

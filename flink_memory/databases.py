@@ -62,7 +62,8 @@ class PostgresConnection:
     `run(statement)` reopens a connection the server dropped and repeats the statement once, so every
     statement given to it must be safe to repeat."""
 
-    def __init__(self, url: str, *, setting: str, application_name: str) -> None:
+    def __init__(self, url: str, *, setting: str, application_name: str,
+                 setup: Callable[[Any], None] | None = None) -> None:
         try:
             import psycopg
         except ImportError:
@@ -74,6 +75,7 @@ class PostgresConnection:
         self.application_name = application_name
         self._lock = threading.Lock()
         self._conn: Any = None
+        self._setup = setup  # run on each new connection (session settings)
 
     def __repr__(self) -> str:
         return f"PostgresConnection({redact_url(self.url)!r})"
@@ -84,6 +86,8 @@ class PostgresConnection:
                 if self._conn is None or self._conn.closed:
                     self._conn = self.psycopg.connect(self.url, autocommit=True, connect_timeout=30,
                                                       application_name=self.application_name)
+                    if self._setup is not None:
+                        self._setup(self._conn)
                 try:
                     return statement(self._conn)
                 except self.psycopg.OperationalError as exc:

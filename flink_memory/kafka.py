@@ -1,5 +1,5 @@
 """Kafka as the job sees it, in plain Python: the `kafka://` input form, the source and sink settings, the
-topic names, and the connector jar. The Flink wiring is in flink_memory/flink/kafka.py; what a value means
+topic names, and the connector jar. The Flink wiring is in flink_memory/flink/kafka_connector.py; what a value means
 (a record or a dead letter) is decided in flink_memory/records.py (`parse_kafka_value`).
 """
 

@@ -1,35 +1,32 @@
 """Keyed state of release 0.1.0, moved into the current layout: every migration in one place.
 
 Release 0.1.0 kept each stage as a few `{"v": 1, "d": ...}` envelopes in value states, and two maps held
-bare strings. A stage core knows only the current layout: the driver runs the core's `Migration` on each
-key it loads, before the core sees the state. Its `migrate` reads the old value states through
-`StateTransaction.legacy` (a backend that remembers which keys have none answers without reading, so the
-per-record cost is a set lookup) and clears them once moved; old map entries are converted as they are
-read (`StateSchema.legacy_entries`), since finding them all would read every entry of the key.
+bare strings. A stage core knows only the current layout: the topology (flink_memory.topology) names each
+stage's `Migration` and the driver runs it on each key it loads, before the core sees the state. Its `migrate`
+reads the old value states through `StateTransaction.legacy` (a backend that remembers which keys have none
+answers without reading, so the per-record cost is a set lookup) and clears them once moved; old map entries
+are converted as they are read (`StateSchema.legacy_entries`), since finding them all would read every entry of
+the key.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, replace
 from typing import Any
 
-from pydantic import BaseModel
-
 from flink_memory.chunking.plans import PlanJob, prepare
+from flink_memory.ids import NodeId, UnitId
 from flink_memory.records import Conversation, MemoryUnit, SummaryNode, record_from_json
 from flink_memory.stages import batcher, merger, planner
 from flink_memory.state import (
     LEGACY_VERSION,
     STATE_VERSION,
-    StateSchema,
+    Migration,
     StateTransaction,
     StateVersionError,
     seq_key,
 )
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
 
@@ -56,19 +53,6 @@ def decode_state(raw: str | None, default: Any) -> Any:
             "checkpoint, or start without --restore"
         )
     return envelope["d"]
-
-
-@dataclass(frozen=True)
-class Migration:
-    """How one stage's release 0.1.0 state becomes the current layout."""
-
-    migrate: Callable[[Any, StateTransaction], None]  # (core, state): moves the old values, clears them
-    values: tuple[str, ...] = ()  # the old value states
-    entries: Mapping[str, Callable[[str], BaseModel]] = field(default_factory=dict)  # map -> bare-string entry
-
-    def schema(self, current: StateSchema) -> StateSchema:
-        """The stage's schema with the old states it reads."""
-        return replace(current, legacy_values=self.values, legacy_entries=self.entries)
 
 
 # --- the planner --------------------------------------------------------------------------------------------
@@ -135,7 +119,7 @@ def migrate_batcher(core: batcher.BatcherCore, state: StateTransaction) -> None:
         seqs = [int(b["seq"]) for b in data.get("batches", [])]
         meta.next_emit = min(seqs) if seqs else meta.next_batch
         for old in data.get("batches", []):  # their units: ids only (the texts are in the job)
-            units = [MemoryUnit(agent_id=state.key, unit_id=u, source_id=u.split("#")[0], text=e["text"],
+            units = [MemoryUnit(agent_id=state.key, unit_id=u, source_id=UnitId.parse(u).record, text=e["text"],
                                 ts=e.get("from")) for u, e in zip(old["units"], old["job"]["entries"])]
             stamps = old.get("ts") or []
             state.put(batcher.BATCHES, seq_key(int(old["seq"])), batcher.PendingBatch(
@@ -195,14 +179,6 @@ def migrate_merger(core: merger.MergerCore, state: StateTransaction) -> None:
         state.set(merger.SCHEDULE, schedule)
 
 
-MIGRATIONS: dict[type, Migration] = {
-    planner.PlannerCore: Migration(migrate_planner, (LEGACY_QUEUE,), {planner.SOURCES: source_entry,
-                                                                      planner.PLANS: plan_entry}),
-    batcher.BatcherCore: Migration(migrate_batcher, (LEGACY_BUFFER, LEGACY_PENDING)),
-    merger.MergerCore: Migration(migrate_merger, (LEGACY_TREE, LEGACY_JOBS)),
-}
-
-
-def migration_of(core: Any) -> Migration | None:
-    """The migration of a core's state; None for a core with no state from release 0.1.0."""
-    return next((MIGRATIONS[cls] for cls in type(core).__mro__ if cls in MIGRATIONS), None)
+PLANNER = Migration(migrate_planner, (LEGACY_QUEUE,), {planner.SOURCES: source_entry, planner.PLANS: plan_entry})
+BATCHER = Migration(migrate_batcher, (LEGACY_BUFFER, LEGACY_PENDING))
+MERGER = Migration(migrate_merger, (LEGACY_TREE, LEGACY_JOBS))

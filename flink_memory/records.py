@@ -23,6 +23,8 @@ from pydantic import (
     model_validator,
 )
 
+from flink_memory.ids import UnitId
+
 _RFC3339 = re.compile(
     r"^\d{4}-\d{2}-\d{2}[Tt ]\d{2}:\d{2}:\d{2}(\.\d+)?([Zz]|[+-]\d{2}:\d{2})$"
 )
@@ -78,9 +80,6 @@ class _Timestamped(_Strict):
         return format_ts(value)
 
 
-_UNIT_SUFFIX = re.compile(r"#[0-9]+$")
-
-
 class _Keyed(_Timestamped):
     """Every input record names its agent (and all but a forget, a record id): printable, not blank."""
 
@@ -98,7 +97,7 @@ class _Keyed(_Timestamped):
     @field_validator("id", check_fields=False)
     @classmethod
     def _not_a_unit_id(cls, value: str) -> str:
-        if _UNIT_SUFFIX.search(value):
+        if UnitId.names_a_part(value):
             raise ValueError(f"must not end in '#' and digits: {value!r} would name a part of another record "
                              "(the units a record is cut into are named <id>#<n>)")
         return value

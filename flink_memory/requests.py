@@ -2,7 +2,7 @@
 that builds requests within the token budget.
 
 A leaf module with no SDK or network import: the stage cores and the summary and chunk builders make
-requests and read results here, and only the client (`flink_memory.llm.client`) sends them.
+requests and read results here, and only the client (`flink_memory.llm.chat_client`) sends them.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -81,6 +81,19 @@ class StateSchema:
 def seq_key(seq: int) -> str:
     """A map key for a sequence number: the map's sorted keys are then in sequence order."""
     return f"{seq:012d}"
+
+
+@dataclass(frozen=True)
+class Migration:
+    """How one stage's release 0.1.0 state becomes the current layout."""
+
+    migrate: Callable[[Any, StateTransaction], None]  # (core, state): moves the old values, clears them
+    values: tuple[str, ...] = ()  # the old value states
+    entries: Mapping[str, Callable[[str], BaseModel]] = field(default_factory=dict)  # map -> bare-string entry
+
+    def schema(self, current: StateSchema) -> StateSchema:
+        """The stage's schema with the old states it reads."""
+        return replace(current, legacy_values=self.values, legacy_entries=self.entries)
 
 
 class StateBackend(Protocol):

@@ -23,9 +23,11 @@ from flink_memory.flink.pipeline import add_memory_operators, flink_configuratio
 EVENTS = [
     {"customer": "acme", "ticket": 1, "at": "2026-03-01T09:00:00Z", "body": "Acme reports login failures since v2.4."},
     {"customer": "acme", "ticket": 2, "at": "2026-03-02T10:00:00Z", "body": "Acme's admin Dana asks for SSO by May 1."},
-    {"customer": "globex", "ticket": 3, "at": "2026-03-01T11:00:00Z", "body": "Globex renewed 40 seats for EUR 12,000."},
+    {"customer": "globex", "ticket": 3, "at": "2026-03-01T11:00:00Z",
+     "body": "Globex renewed 40 seats for EUR 12,000."},
     {"customer": "acme", "ticket": 4, "at": "2026-03-03T08:30:00Z", "body": "Fix for the login bug shipped in v2.4.1."},
-    {"customer": "globex", "ticket": 5, "at": "2026-03-04T16:00:00Z", "body": "Globex wants an invoice per department."},
+    {"customer": "globex", "ticket": 5, "at": "2026-03-04T16:00:00Z",
+     "body": "Globex wants an invoice per department."},
 ]
 
 

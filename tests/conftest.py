@@ -28,7 +28,7 @@ def scripted():
 @pytest.fixture(scope="session")
 def embedded_llm():
     """One real SmolLM2 server for the whole test session."""
-    from flink_memory.llm.embedded import EmbeddedServer
+    from flink_memory.llm.llamacpp import EmbeddedServer
 
     server = EmbeddedServer(context_window=4096, parallel=2, threads=2)
     yield server

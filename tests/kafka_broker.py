@@ -76,8 +76,9 @@ class KafkaBroker:
         if not (self.workdir / "data" / "meta.properties").exists():
             # (an id that starts with "-" would read as an option of StorageTool: Kafka's own ids never do)
             cluster_id = "k" + base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")[1:]
-            subprocess.run(self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c", str(self.properties)),
-                           check=True, timeout=120, capture_output=True)
+            format_command = self._java("kafka.tools.StorageTool", "format", "-t", cluster_id, "-c",
+                                        str(self.properties))
+            subprocess.run(format_command, check=True, timeout=120, capture_output=True)
         with self.log.open("ab") as log:
             self.process = subprocess.Popen(self._java("kafka.Kafka", str(self.properties)), stdout=log,
                                             stderr=subprocess.STDOUT, start_new_session=True)

@@ -4,8 +4,9 @@ Its binaries: the package's (PostgreSQL with the `vector` extension; the `test` 
 machine's (`pg_config --bindir`, e.g. Debian's `postgresql`, whose bookworm release has no pgvector: the
 store then keeps its vectors as bytes and searches them exactly). initdb refuses to run as root, so as root
 the server runs as the `postgres` user (`runuser`) in a temporary directory it owns, from a copy of the
-package's binaries there (the package may sit where that user cannot read); otherwise as the current user. It listens on a free loopback port with trust
-authentication and no fsync (test data only). `postgres_url` (tests/conftest.py) is the session fixture.
+package's binaries there (the package may sit where that user cannot read); otherwise as the current user. It
+listens on a free loopback port with trust authentication and no fsync (test data only). `postgres_url`
+(tests/conftest.py) is the session fixture.
 """
 
 from __future__ import annotations

@@ -101,3 +101,17 @@ def test_service_load_benchmark_smallest_size(tmp_path):
     assert service["questions_asked"] <= service["distinct_questions"]  # no question asked twice
     assert service["cpu"]["server_ms_per_request"] > 0 and service["cpu"]["client_cores"] < 1
     assert results["cli"]["questions"] == 1 and results["service_over_cli_requests_per_s"] > 0
+
+
+def test_capacity_benchmark_smallest_size(tmp_path):
+    """Every part is timed, and the calls are those of full batches and the tree's merges and globals."""
+    import capacity
+
+    out = tmp_path / "capacity.json"
+    assert capacity.main(["--items", "200", "--agents", "2", "--recalls", "10", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    parts = results["per_item_s"]
+    assert {"stage: planner", "stage: batcher", "stage: merger", "parse and validate"} <= set(parts)
+    assert all(seconds > 0 for seconds in parts.values())
+    assert results["calls"] == 2 * (2 + 1)  # two batches of 50 and one global per agent
+    assert set(results["per_request_s"]) == {"recall: keyword", "recall: hybrid"}

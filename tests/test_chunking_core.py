@@ -6,7 +6,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flink_memory.chunking import core
+from flink_memory.chunking.exchanges import (
+    InvalidPlan,
+    enforce_budget,
+    exchange_costs,
+    fixed_plan,
+    group_exchanges,
+    materialize,
+    validate_plan,
+)
 from flink_memory.chunking.manifest import ManifestMismatch, PolicyChanged, load_verified, manifest_json
 from flink_memory.chunking.plans import ChunkPlanner, PlanJob, prepare
 from flink_memory.config import load_config
@@ -31,14 +39,14 @@ answers_st = st.one_of(
 @settings(max_examples=400, deadline=None)
 @given(messages_st, answers_st, st.integers(min_value=8, max_value=200))
 def test_plan_is_rejected_or_chunks_partition_the_exchanges(messages, answer, budget):
-    exchanges = core.group_exchanges(messages)
-    costs = core.exchange_costs(messages, exchanges)
+    exchanges = group_exchanges(messages)
+    costs = exchange_costs(messages, exchanges)
     try:
-        boundaries = core.validate_plan(answer, len(exchanges))
-    except core.InvalidPlan:
+        boundaries = validate_plan(answer, len(exchanges))
+    except InvalidPlan:
         return
-    boundaries = core.enforce_budget(boundaries, costs, budget)
-    chunks = core.materialize(messages, exchanges, boundaries, costs, budget)
+    boundaries = enforce_budget(boundaries, costs, budget)
+    chunks = materialize(messages, exchanges, boundaries, costs, budget)
     rebuilt = [m for c in chunks for m in c["messages"]]
     assert rebuilt == messages and all(a is b for a, b in zip(rebuilt, messages))  # same objects, same order
     starts = {a for a, _ in exchanges}
@@ -55,9 +63,9 @@ def test_plan_is_rejected_or_chunks_partition_the_exchanges(messages, answer, bu
 @settings(max_examples=200, deadline=None)
 @given(messages_st, st.integers(min_value=8, max_value=200))
 def test_fixed_plan_is_always_valid(messages, budget):
-    exchanges = core.group_exchanges(messages)
-    plan = core.fixed_plan(core.exchange_costs(messages, exchanges), budget)
-    assert core.validate_plan(plan, len(exchanges)) == plan
+    exchanges = group_exchanges(messages)
+    plan = fixed_plan(exchange_costs(messages, exchanges), budget)
+    assert validate_plan(plan, len(exchanges)) == plan
 
 
 @pytest.mark.parametrize(
@@ -68,14 +76,14 @@ def test_fixed_plan_is_always_valid(messages, budget):
      ([True, 9], "not an integer")],
 )
 def test_invalid_answers_say_why(answer, reason):
-    with pytest.raises(core.InvalidPlan, match=reason):
-        core.validate_plan(answer, 10)
+    with pytest.raises(InvalidPlan, match=reason):
+        validate_plan(answer, 10)
 
 
 def test_leading_system_message_joins_the_first_exchange():
     msgs = [{"role": "system", "content": "s"}, {"role": "user", "content": "u"},
             {"role": "assistant", "content": "a"}, {"role": "user", "content": "u2"}]
-    assert core.group_exchanges(msgs) == [(0, 2), (3, 3)]
+    assert group_exchanges(msgs) == [(0, 2), (3, 3)]
 
 
 def cfg(*overrides):
@@ -121,7 +129,7 @@ def test_manifest_is_text_free_and_verifies():
     p = planner()
     record = long_conversation()
     prepared = prepare(record)
-    routed = p.finish(record, prepared, core.fixed_plan(prepared.costs, 200), "semantic", calls=1)
+    routed = p.finish(record, prepared, fixed_plan(prepared.costs, 200), "semantic", calls=1)
     text = manifest_json(routed.manifest)
     assert "topic" not in text and "question" not in text  # no conversation text in a manifest
     assert load_verified(text, input_digest=prepared.input_digest, policy_fingerprint=p.fingerprint)
@@ -155,6 +163,6 @@ def test_windows_join_without_a_seam():
         if plan is not None:
             break
     assert windows > 1
-    assert core.validate_plan(plan, len(prepared.exchanges)) == plan
+    assert validate_plan(plan, len(prepared.exchanges)) == plan
 
 

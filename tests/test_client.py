@@ -5,7 +5,7 @@ import pytest
 from scripted_server import Reply, ScriptedServer
 
 from flink_memory.config import ConfigError, load_config
-from flink_memory.llm.client import LLMClient
+from flink_memory.llm.chat_client import LLMClient
 from flink_memory.requests import ChatRequest, ContextOverflow, LLMCallError
 from flink_memory.tokens.budget import RequestTooLarge
 
@@ -163,7 +163,7 @@ def test_local_run_refuses_an_unreadable_key_file_before_starting(tmp_path, caps
 
 
 def test_provider_errors_are_redacted():
-    from flink_memory.llm.client import _safe_message
+    from flink_memory.llm.chat_client import _safe_message
 
     assert "sk-abc" not in _safe_message(ValueError("bad key sk-abc123 given, Bearer sk-abc123"))
 

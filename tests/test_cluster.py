@@ -26,7 +26,7 @@ from scripted_server import ScriptedServer
 
 from flink_memory.outputs import latest_globals, read_outputs
 from flink_memory.records import ChunkManifest, DeadLetter, SummaryNode
-from flink_memory.store.sql import NODES
+from flink_memory.store.schema import NODES
 
 pytestmark = pytest.mark.slow
 

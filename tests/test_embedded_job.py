@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 from jobkit import batch_units, check_tree, run
 
-from flink_memory.chunking import core
+from flink_memory.chunking.exchanges import materialize
 from flink_memory.chunking.manifest import load_verified, verify_chunks
 from flink_memory.chunking.plans import prepare
 from flink_memory.records import ChunkManifest, DeadLetter, SummaryNode, parse_line
@@ -56,7 +56,7 @@ def test_sample_end_to_end_with_the_real_model(tmp_path, embedded_llm):
         assert all(b.start == a.end + 1 for a, b in zip(manifest.chunks, manifest.chunks[1:]))
         source = parse_line(next(line for line in lines if f'"id": "{manifest.source_id}"' in line))
         prepared = prepare(source)
-        verify_chunks(manifest, core.materialize(prepared.messages, prepared.exchanges, manifest.boundaries,
+        verify_chunks(manifest, materialize(prepared.messages, prepared.exchanges, manifest.boundaries,
                                                  prepared.costs, 200))
 
     chunked = {m.source_id for m in manifests}

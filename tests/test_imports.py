@@ -85,3 +85,68 @@ def test_core_modules_load_no_io_sdk():
         results = list(pool.map(lambda module: import_alone(module, env), modules))
     offending = {module: problem for module, problem in results if problem}
     assert not offending, "\n".join(f"{module}: {problem}" for module, problem in offending.items())
+
+
+def imports_of(root: Path) -> dict[str, set[str]]:
+    """Each module of flink_memory and the flink_memory modules it imports (anywhere in it, lazy imports too,
+    except those only a type checker reads)."""
+    import ast
+
+    modules = {}
+    for path in sorted(root.rglob("*.py")):
+        parts = ["flink_memory", *path.relative_to(root).with_suffix("").parts]
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    graph: dict[str, set[str]] = {}
+    for name, path in modules.items():
+        tree = ast.parse(path.read_text())
+        typing_only = {id(node) for block in ast.walk(tree) if isinstance(block, ast.If)
+                       and getattr(block.test, "id", getattr(block.test, "attr", None)) == "TYPE_CHECKING"
+                       for node in ast.walk(block)}
+        found = set()
+        for node in ast.walk(tree):
+            if id(node) in typing_only:
+                continue
+            if isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                found.update(f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in modules
+                             else node.module for alias in node.names)
+        graph[name] = {target for target in found if target in modules and target != name}
+    return graph
+
+
+def test_no_module_imports_itself_through_others():
+    """The package's imports form no circle (docs/architecture.md, Layers): a circle would tie modules that
+    must change together and load in an order that depends on who imports first."""
+    graph = imports_of(package_root())
+    assert {"flink_memory.topology", "flink_memory.stages.driver"} <= set(graph)
+    index, low, on_stack, stack, circles, counter = {}, {}, set(), [], [], [0]
+
+    def visit(node: str) -> None:  # Tarjan's strongly connected components
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for target in graph[node]:
+            if target not in index:
+                visit(target)
+                low[node] = min(low[node], low[target])
+            elif target in on_stack:
+                low[node] = min(low[node], index[target])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                component.append(member)
+                if member == node:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    assert not circles, circles

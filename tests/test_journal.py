@@ -11,7 +11,7 @@ from pgserver import new_database
 
 from flink_memory.config import load_config
 from flink_memory.digests import digest
-from flink_memory.llm.client import LLMClient
+from flink_memory.llm.chat_client import LLMClient
 from flink_memory.llm.journal import PostgresJournal, RowJournal, SqliteJournal, open_journal, redact_url
 from flink_memory.requests import ChatResult
 

@@ -37,7 +37,8 @@ def test_bounded_backfill_from_three_partitions_exactly_once(tmp_path, kafka_bro
     output = tmp_path / "out"
     with ScriptedServer() as server:
         config = config_for(server.base_url, "batching.max_items=4", "summarization.fan_in=3",
-                            "source.kafka.bounded=true", "source.kafka.starting_offsets=earliest", "checkpointing.restart_attempts=0",
+                            "source.kafka.bounded=true", "source.kafka.starting_offsets=earliest",
+                            "checkpointing.restart_attempts=0",
                             "source.kafka.max_value_bytes=4096", f"sink.kafka.bootstrap_servers={bootstrap}",
                             f"sink.kafka.topic_prefix={prefix}")
         started = time.monotonic()

@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from flink_memory.ids import NodeId, UnitId
 from flink_memory.records import SummaryNode
 from flink_memory.stages.batcher import BatcherMeta
 from flink_memory.stages.merger import StoredNode
 from flink_memory.stages.messages import HoldNodes, control_of
 from flink_memory.state import dump_model, load_model
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.tree import Slot, SummaryTree
 
 WRITTEN = ["batch-000007", "batch-000007-r1", "batch-000007-r12", "batch-1234567", "merge-L2-000003",
@@ -79,3 +81,23 @@ def test_stored_names_stay() -> None:
     assert load_model(StoredNode, dump_model(stored)) == stored
     wire = HoldNodes(node_ids=["batch-000001"]).model_dump_json()
     assert '"control":"revising"' in wire and control_of(wire)[0] == HoldNodes(node_ids=["batch-000001"])
+
+
+@pytest.mark.parametrize(("text", "record", "part"), [("m1", "m1", None), ("c7#0", "c7", 0), ("c7#12", "c7", 12),
+                                                      ("a#b", "a#b", None), ("x#1#2", "x#1", 2)])
+def test_unit_ids_name_one_record_and_format_back(text: str, record: str, part: int | None) -> None:
+    unit = UnitId.parse(text)
+    assert (unit.record, unit.part) == (record, part) and str(unit) == text
+    assert UnitId.names_a_part(text) == (part is not None)
+
+
+def test_a_record_id_that_would_name_a_part_is_refused_by_the_record_and_by_the_api_pattern() -> None:
+    import re
+
+    from flink_memory.ids import RECORD_ID_PATTERN
+    from flink_memory.records import DeadLetter, parse_line
+
+    for record_id, accepted in [("m1", True), ("c7#b", True), ("7", True), ("c7#0", False), ("#3", False)]:
+        parsed = parse_line(json.dumps({"agent_id": "a", "id": record_id, "text": "x"}))
+        assert (not isinstance(parsed, DeadLetter)) == accepted, record_id
+        assert (re.fullmatch(RECORD_ID_PATTERN, record_id) is not None) == accepted, record_id

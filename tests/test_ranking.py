@@ -2,7 +2,6 @@
 
 import pytest
 
-from flink_memory.store.core import SPECIFICITY, query_terms
 from flink_memory.store.ranking import (
     Candidate,
     cosine,
@@ -12,6 +11,7 @@ from flink_memory.store.ranking import (
     stem,
     words,
 )
+from flink_memory.store.rules import SPECIFICITY, query_terms
 
 
 def test_a_word_in_every_row_still_counts_so_the_row_holding_both_words_ranks_first():

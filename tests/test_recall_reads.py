@@ -11,7 +11,7 @@ import pytest
 from flink_memory.embeddings import Embedder, EmbeddingError
 from flink_memory.records import MemoryUnit
 from flink_memory.store import open_store
-from flink_memory.store.sql import ROWS_OF_AGENT
+from flink_memory.store.schema import ROWS_OF_AGENT
 from flink_memory.store.vectors import VectorCache
 
 
@@ -81,7 +81,7 @@ def test_an_embedding_error_reaches_the_caller_and_a_search_error_waits_for_the_
             store.recall("a", "the boat", mode="vector")
         store.embedder = slow = Slow()
 
-        def broken(*_args):
+        def broken(*_args, **_kwargs):
             raise RuntimeError("the index is broken")
 
         store._matching = broken

@@ -30,6 +30,7 @@ from jobkit import (
 from scripted_server import ScriptedServer
 
 from flink_memory.outputs import latest_globals, read_outputs
+from flink_memory.state import STATE_VERSION
 
 pytestmark = pytest.mark.slow
 
@@ -175,16 +176,23 @@ def test_restore_a_checkpoint_of_release_0_1_0(tmp_path, baseline):
                                              *SETTINGS, args=("--follow", "--restore", str(checkpoint))),
                                  env=PRISTINE_ENV, capture_output=True, text=True, timeout=300)
     assert refused.returncode == 3 and "job.execution_mode=process" in refused.stderr
-    shutil.rmtree(RELEASE_ROOT, ignore_errors=True)
-    shutil.copytree(RELEASE_FIXTURE, RELEASE_ROOT)
-    output = RELEASE_ROOT / "output"
-    checkpoint = next(output.glob("_checkpoints/*/chk-2"))
+    restore_and_finish(RELEASE_FIXTURE, RELEASE_ROOT, baseline, tmp_path, "job.execution_mode=process")
+
+
+def restore_and_finish(fixture: Path, root: Path, baseline, tmp_path, *settings: str) -> None:
+    """Copy a committed checkpoint's folder to where it was written (its state names paths), restore its latest
+    checkpoint with no input arriving after it, and check the work it held finishes as a run without failure."""
+    shutil.rmtree(root, ignore_errors=True)
+    shutil.copytree(fixture, root)
+    output = root / "output"
+    checkpoint = latest_checkpoint(output)
+    assert checkpoint is not None
     expected = batch_units(baseline[0]["summaries"])
     try:
         with ScriptedServer(slow_script) as server:
-            job = spawn(cli_command(RELEASE_ROOT / "input", output, server, None, *SETTINGS,
+            job = spawn(cli_command(root / "input", output, server, None, *SETTINGS,
                                     "batching.flush_after_s=5", "summarization.global_refresh_s=1", "job.recheck_s=2",
-                                    "job.execution_mode=process", args=("--follow", "--restore", str(checkpoint))),
+                                    *settings, args=("--follow", "--restore", str(checkpoint))),
                         tmp_path / "restored.log")
             try:
                 wait_for(lambda: covered(output, expected), timeout_s=180, every_s=1)
@@ -195,7 +203,19 @@ def test_restore_a_checkpoint_of_release_0_1_0(tmp_path, baseline):
         assert batch_units(out["summaries"]) == expected
         assert shape(out)[2:] == shape(baseline[0])[2:]  # manifests and dead letters
     finally:
-        shutil.rmtree(RELEASE_ROOT, ignore_errors=True)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+STATE_FIXTURE = Path(__file__).resolve().parent / "data" / f"state-{STATE_VERSION}"
+STATE_ROOT = Path(f"/tmp/flink-memory-state-{STATE_VERSION}")  # where tests/checkpoint_fixture.py wrote it
+
+
+def test_restore_a_checkpoint_of_this_state_layout(tmp_path, baseline):
+    """A retained checkpoint of the current state layout, written by an earlier commit (tests/checkpoint_fixture.py,
+    thread mode) and committed: restored by this code, the planner's queue, the batcher's partial batches and the
+    merger's trees finish, every unit ends up summarized, and the tree, manifests and dead letters are those of
+    a run without failure. It fails when a change to the code breaks the stored state of the release."""
+    restore_and_finish(STATE_FIXTURE, STATE_ROOT, baseline, tmp_path)
 
 
 def test_a_record_that_keeps_failing_is_dead_lettered_and_the_others_go_on(tmp_path):

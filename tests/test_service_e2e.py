@@ -253,7 +253,8 @@ async def scenario(url: str, key: str, stdio: StdioServerParameters, forget_thro
 
 def report(latency: dict[str, float], source: str) -> None:
     print(f"{source}: write to recall-found: HTTP {latency['http']:.2f} s, MCP {latency['mcp']:.2f} s, MCP stdio "
-          f"{latency['stdio']:.2f} s; deletions in no answer {latency['delete']:.2f} s; forget {latency['forget']:.2f} s")
+          f"{latency['stdio']:.2f} s; deletions in no answer {latency['delete']:.2f} s; "
+          f"forget {latency['forget']:.2f} s")
     assert max(latency["http"], latency["mcp"], latency["stdio"]) < LATENCY_BOUND_S, latency
 
 

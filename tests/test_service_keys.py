@@ -125,7 +125,8 @@ def test_the_key_and_the_memory_text_are_in_no_log(tmp_path, capsys):
             wait_until_answering(url, server, log.read_text)
             assert call(f"{url}/v1/agents/alice/memories", "POST", {"text": secret_text}, key=key)[0] == 202
             assert call(f"{url}/v1/agents/alice/memories", "POST", {"text": secret_text, "ts": "x"}, key=key)[0] == 422
-            assert call(f"{url}/v1/agents/alice/recall", "POST", {"question": "vault code SWORDFISH"}, key=key)[0] == 200
+            recalled = call(f"{url}/v1/agents/alice/recall", "POST", {"question": "vault code SWORDFISH"}, key=key)
+            assert recalled[0] == 200
             assert call(f"{url}/v1/agents/alice/memory", key=key)[0] == 200
             assert call(f"{url}/v1/agents/alice/memory", key=key + "wrong")[0] == 401
             assert call(f"{url}/v1/agents/bob/memory", key=key)[0] == 404

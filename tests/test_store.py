@@ -14,7 +14,7 @@ from pgserver import new_database
 from flink_memory.cli.display import tree_lines
 from flink_memory.records import SummaryNode
 from flink_memory.store import StoreError, StoreNotFound, live_view, open_store
-from flink_memory.store.core import (
+from flink_memory.store.rules import (
     SPECIFICITY,
     fts5_query,
     query_terms,
@@ -22,7 +22,7 @@ from flink_memory.store.core import (
     tsquery_term,
     walk_tree,
 )
-from flink_memory.store.sql import META
+from flink_memory.store.schema import META
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -308,7 +308,8 @@ def test_show_and_recall_print_the_memory(location, capsys):
     lines = out.splitlines()
     assert code == 0 and len(lines) == 11 and lines[0].startswith("global-v1 (global v1")
     assert lines[1].startswith("  merge-1 (merge, level 2") and lines[2].startswith("    batch-0 (batch, level 1")
-    assert lines[-1].startswith("  batch-8 (batch") and lines[-1].endswith(": Alice paid 300 EUR for the boat on Monday.")
+    assert (lines[-1].startswith("  batch-8 (batch")
+            and lines[-1].endswith(": Alice paid 300 EUR for the boat on Monday."))
     code, out, _ = cli(capsys, "show", "a", "--store", location, "--tree", "--json")
     assert [SummaryNode.model_validate_json(line).node_id for line in out.splitlines()] == [
         "global-v1", "merge-1", "batch-0", "batch-1", "batch-2", "batch-3", "batch-4", "batch-5", "batch-6",

@@ -22,7 +22,8 @@ from flink_memory.store import live_view, open_store
 
 pytestmark = pytest.mark.slow
 
-SECRET = [{"agent_id": "agent-2", "id": f"m{i}", "text": f"The vault code Zephyr{i} opens locker {i}."} for i in range(3)]
+SECRET = [{"agent_id": "agent-2", "id": f"m{i}", "text": f"The vault code Zephyr{i} opens locker {i}."}
+          for i in range(3)]
 OTHERS = [{"agent_id": "agent-1", "id": f"m{i}", "text": f"Person{i} paid {i * 7} EUR on day {i}."} for i in range(6)]
 AFTER = [{"agent_id": "agent-2", "forget": True},
          {"agent_id": "agent-2", "id": "m10", "text": "Agent two now drinks green tea."}]

@@ -6,8 +6,8 @@ import sqlite3
 
 from flink_memory.records import MemoryUnit
 from flink_memory.store import open_store
-from flink_memory.store.core import query_terms
-from flink_memory.store.sql import FTS, NODES
+from flink_memory.store.rules import query_terms
+from flink_memory.store.schema import FTS, NODES
 from flink_memory.store.sqlite import FTS_CONTENT, agent_token
 
 # ids that share a porter stem ("ab", "abed"), a word and its plural, punctuation, quotes and non-ASCII

@@ -18,7 +18,7 @@ from flink_memory.records import MemoryUnit
 from flink_memory.store import open_store, pgvector
 from flink_memory.store.pgvector import INDEX
 from flink_memory.store.ranking import words
-from flink_memory.store.sql import NODES
+from flink_memory.store.schema import NODES
 
 
 class Hashed(Embedder):

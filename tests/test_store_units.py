@@ -12,7 +12,7 @@ from flink_memory.embeddings import Embedder, from_bytes
 from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.store import StoreError, open_store
 from flink_memory.store.ranking import words
-from flink_memory.store.sql import NODES
+from flink_memory.store.schema import NODES
 
 
 class Hashed(Embedder):
@@ -90,9 +90,11 @@ def test_units_are_recalled_beside_nodes_and_say_which(location):
         store.upsert([batch("batch-1", ["m1", "m2"], "A beagle called Rex; rent 900 EUR.")])
         hits = {h.node_id: h for h in store.recall("a", "beagle Rex", k=2, diversity=0)}  # (relevance alone)
         assert {(h.kind, h.node_id) for h in hits.values()} == {("unit", "m1"), ("batch", "batch-1")}
-        assert hits["m1"].covered_by == "batch-1" and hits["m1"].first_ts == hits["m1"].last_ts == "2026-01-03T00:00:00Z"
+        assert (hits["m1"].covered_by == "batch-1"
+                and hits["m1"].first_ts == hits["m1"].last_ts == "2026-01-03T00:00:00Z")
         assert "covered_by" in hits["m1"].model_dump() and "covered_by" not in hits["batch-1"].model_dump()
-        assert {h.node_id for h in store.recall("a", "beagle Rex", k=5, mode="keyword", diversity=0)} == {"m1", "batch-1"}
+        found = store.recall("a", "beagle Rex", k=5, mode="keyword", diversity=0)
+        assert {h.node_id for h in found} == {"m1", "batch-1"}
         [shown] = store.recall("a", "beagle Rex", k=5, mode="keyword")  # (distinct memory: one fact, one result)
         assert {shown.node_id, *shown.folds} == {"m1", "batch-1"}
         assert store.recall("a", "Rent EUR", k=1, mode="vector")[0].node_id == "m2"

@@ -6,7 +6,7 @@ import pytest
 from scripted_server import Reply, ScriptedServer, chars_per_token, prompt_count
 
 from flink_memory.config import load_config
-from flink_memory.llm.client import LLMClient
+from flink_memory.llm.chat_client import LLMClient
 from flink_memory.llm.pool import CallPool
 from flink_memory.llm.tokenizers import HFTokenizer, TiktokenTokenizer, TokenizerUnavailable, open_tokenizer
 from flink_memory.stages.calls import RetryPolicy, run_to_end

@@ -98,7 +98,8 @@ def test_server_tokenizer_counts_exactly_what_the_model_counts(embedded_llm):
     client = openai.OpenAI(base_url=embedded_llm.base_url + "/v1", api_key="none")
     for name, text in {**VARIED, "json": JSON_ESCAPED}.items():
         for content in (text, "\n".join([text] * 4)):
-            messages = [{"role": "system", "content": "Summarize the DATA lines."}, {"role": "user", "content": content}]
+            messages = [{"role": "system", "content": "Summarize the DATA lines."},
+                        {"role": "user", "content": content}]
             usage = client.chat.completions.create(
                 model="m", messages=messages, max_tokens=1, extra_body={"cache_prompt": False}
             ).usage
@@ -110,8 +111,8 @@ def test_server_tokenizer_counts_exactly_what_the_model_counts(embedded_llm):
 def test_packed_requests_fill_the_window_and_the_server_rejects_none():
     """n_ctx = llm.context_window: batches packed to the budget by the model's tokenizer are all accepted."""
     from flink_memory.config import load_config
-    from flink_memory.llm.client import LLMClient
-    from flink_memory.llm.embedded import EmbeddedServer
+    from flink_memory.llm.chat_client import LLMClient
+    from flink_memory.llm.llamacpp import EmbeddedServer
     from flink_memory.summarize.reduce import ReduceJob
 
     server = EmbeddedServer(context_window=640, parallel=1, threads=2)

@@ -4,6 +4,7 @@ or forgotten; a sealed unit stays. On the stage cores (tests/stagekit.py) and on
 import pytest
 from stagekit import Pipeline, cfg, keeping_answer, live
 
+from flink_memory.stages.calls import MEMORY_LOG
 from flink_memory.stages.unit_rows import LogEntry, UnitRows, unit_rows_of
 from flink_memory.store import open_store
 
@@ -55,12 +56,14 @@ def test_a_sealed_unit_stays_searchable_and_an_evicted_one_leaves():
     batcher = pipeline.stages[1]
     effects = batcher.run("a", lambda st: batcher.core.evict(st, "internal error"))
     assert [d.record_id for d in effects.dead_letters] == ["m5"]
-    pipeline.rows.extend(e.units for e in map(LogEntry.model_validate_json, effects.committed) if e.units)
+    logged = map(LogEntry.model_validate_json, effects.side.get(MEMORY_LOG, []))
+    pipeline.rows.extend(e.units for e in logged if e.units)
     assert set(pipeline.stored_units("a")) == {"m0", "m1", "m2"}
 
 
 def test_rows_applied_to_a_store_are_recalled_before_their_batch_is_summarized(tmp_path):
-    pipeline = run("batching.max_items=10").feed(item("a", 0, fact="I adopted a beagle puppy and named it Rex."), item("a", 1))
+    pipeline = run("batching.max_items=10").feed(item("a", 0, fact="I adopted a beagle puppy and named it Rex."),
+                                                 item("a", 1))
     pipeline.feed(item("a", 1, fact="Rent is 900 EUR a month.")).settle()
     assert pipeline.summaries == []
     with open_store(str(tmp_path / "memory.sqlite"), create=True) as store:

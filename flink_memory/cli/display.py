@@ -1,10 +1,10 @@
 """How `show` and `recall` print nodes and hits on a terminal: one-line descriptions, the indented live tree and
-the recall table. Display only; what is live and how hits rank are the store's rules (flink_memory.store.core)."""
+the recall table. Display only; what is live and how hits rank are the store's rules (flink_memory.store.rules)."""
 
 from __future__ import annotations
 
 from flink_memory.records import SummaryNode
-from flink_memory.store.core import Recalled
+from flink_memory.store.rules import Recalled
 
 
 def snippet(text: str, width: int) -> str:

@@ -9,7 +9,7 @@ import sys
 
 from flink_memory.cli.display import describe, recall_table, tree_lines
 from flink_memory.store import MemoryStore, Recalled, StoreError, open_store
-from flink_memory.store.core import walk_tree
+from flink_memory.store.rules import walk_tree
 
 # Exit codes of `show` and `recall` (0: printed); 2 is argparse's for a wrong command line.
 NO_MATCH, STORE_UNAVAILABLE, NO_MEMORY = 1, 3, 4

@@ -12,7 +12,7 @@ from flink_memory.config import EmbeddingsConfig
 from flink_memory.outputs import latest_globals, read_outputs
 from flink_memory.records import SummaryNode
 from flink_memory.store import StoreError, open_store
-from flink_memory.store.core import live_view, walk_tree
+from flink_memory.store.rules import live_view, walk_tree
 
 
 def featured_agent(nodes: list[dict]) -> str | None:

@@ -100,8 +100,8 @@ class Applier:
 def run_job(args: argparse.Namespace) -> int:
     """`run`: the job on a local MiniCluster until its input ends (or for ever with --follow), then the report."""
     from flink_memory.flink.pipeline import build_job
-    from flink_memory.llm.client import resolve_api_key
-    from flink_memory.llm.embedded import start_local_model
+    from flink_memory.llm.chat_client import resolve_api_key
+    from flink_memory.llm.llamacpp import start_local_model
 
     _quiet_shutdown()
     config = job_config(args)
@@ -179,7 +179,7 @@ def apply_log(args: argparse.Namespace) -> int:
 
 def serve_llm(args: argparse.Namespace) -> int:
     """`serve-llm`: the embedded model on --host:--port until Ctrl-C or SIGTERM."""
-    from flink_memory.llm.embedded import EmbeddedServer
+    from flink_memory.llm.llamacpp import EmbeddedServer
 
     llm = load_config(args.config, args.overrides).llm  # (a flag given wins over the configuration)
     server = EmbeddedServer(

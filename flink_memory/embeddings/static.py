@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from flink_memory.embeddings.core import Embedder, EmbeddingError, normalized
+from flink_memory.embeddings.api import Embedder, EmbeddingError, normalized
 
 MODEL = "e5-static"
 WORD = re.compile(r"[^\W_]+")  # (flink_memory.embeddings.distill.WORD: the rows were made for these words)

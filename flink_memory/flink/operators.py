@@ -26,16 +26,16 @@ from flink_memory.flink.metrics import REPORT_EVERY_S, CallMeter, Tally
 from flink_memory.flink.state_backend import FlinkState
 from flink_memory.llm.runtime import acquire_runtime, release_runtime
 from flink_memory.records import DeadLetter, InputRecord, parse_line
+from flink_memory.requests import ChatRequest
 from flink_memory.stages.calls import Effects
 from flink_memory.stages.driver import END_OF_INPUT, END_ROUNDS, Driver, Waits
-from flink_memory.stages.protocol import CoreFactory
+from flink_memory.stages.runner import DEAD_LETTERS, RECORDS, carry_out
+from flink_memory.topology import StageSpec
 
 log = logging.getLogger(__name__)
 
-DEAD_LETTERS = OutputTag("dead-letters", Types.STRING())
-MANIFESTS = OutputTag("manifests", Types.STRING())
-MEMORY_LOG = OutputTag("memory-log", Types.STRING())  # the store's log (Effects.committed)
 KEYED = Types.TUPLE([Types.STRING(), Types.STRING()])
+_TAGS: dict[str, OutputTag] = {}
 
 _LONG_MAX = 2**63 - 1
 END_TIMERS = [_LONG_MAX - 64 + i for i in range(END_ROUNDS)]  # event time of each end-of-input round
@@ -43,6 +43,16 @@ _FAULTS: Counter[str] = Counter()  # faults seen by this interpreter, when no jo
 # PyFlink's thread mode sets the root logger to DEBUG and hands every record to the JVM: the HTTP clients'
 # per-request debug lines cost more than the requests (a fifth of the Python time in the throughput benchmark)
 CHATTY_LOGGERS = ("openai", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3")
+
+
+def output_tag(channel: str) -> OutputTag:
+    """The side output of a channel (dead letters, or one of flink_memory.topology.CHANNELS), one per name."""
+    if channel not in _TAGS:
+        _TAGS[channel] = OutputTag(channel, Types.STRING())
+    return _TAGS[channel]
+
+
+DEAD_LETTER_TAG = output_tag(DEAD_LETTERS)
 
 
 def _quiet_chatty_loggers() -> None:
@@ -103,21 +113,22 @@ class ParseRecords(ProcessFunction):
         record = self.parse(value)
         if isinstance(record, DeadLetter):
             self.tally.add("dead_letters")
-            yield DEAD_LETTERS, record.model_dump_json()
+            yield DEAD_LETTER_TAG, record.model_dump_json()
             return
         yield record.agent_id, record.model_dump_json()
 
 
 class StageFunction(KeyedProcessFunction):
-    """One stage as a keyed function; input and output are (agent, JSON).
+    """One stage of flink_memory.topology as a keyed function; input and output are (agent, JSON).
 
-    `core` makes the stage's core in each subtask (a core class, or any picklable factory); `label` names
-    the stage in logs, metrics files and `job.inject_failure`."""
+    The stage's core is made in each subtask from `spec.core`; `spec.name` names the stage in logs, metrics
+    and `job.inject_failure`. It carries out effects as every runner does (flink_memory.stages.runner): this
+    class is the runner of its activations."""
 
-    def __init__(self, core: CoreFactory, label: str, config_json: str, output_dir: str | None = None,
+    def __init__(self, spec: StageSpec, config_json: str, output_dir: str | None = None,
                  bounded: bool = False, *, keyed_output: bool = True) -> None:
-        self.make_core = core
-        self.label = label
+        self.spec = spec
+        self.label = spec.name
         self.config_json = config_json
         self.output_dir = output_dir
         self.bounded = bounded
@@ -129,8 +140,9 @@ class StageFunction(KeyedProcessFunction):
         self.runtime = acquire_runtime(self.config, self.output_dir)
         self.pool = self.runtime.pool
         journal = self.runtime.client.journal
-        self.driver = Driver(self.make_core(self.config, self.runtime.factory, bounded=self.bounded), self.label,
-                             journal.count_fault if journal is not None else _count_fault)
+        core = self.spec.core(self.config, self.runtime.factory, bounded=self.bounded)
+        self.driver = Driver(core, self.label, journal.count_fault if journal is not None else _count_fault,
+                             self.spec.migration)
         schema = self.driver.schema
         values = {name: runtime_context.get_state(ValueStateDescriptor(name, Types.STRING()))
                   for name in [*schema.values, *schema.legacy_values]}
@@ -153,6 +165,9 @@ class StageFunction(KeyedProcessFunction):
         # levels as counters moved by the difference on every activation: a Python gauge would be called back
         # by the metrics thread, which in thread mode can run after the interpreter closed (a JVM crash)
         self.levels: dict[str, int] = {}
+        self.timer_service: Any = None  # (of the activation being carried out, at `now`)
+        self.now = 0
+        self.outputs: list[Any] = []  # (what it sends, yielded when it returns)
 
     def close(self) -> None:
         if getattr(self, "tally", None) is not None:
@@ -197,28 +212,40 @@ class StageFunction(KeyedProcessFunction):
         """Run the core once for the current key (a record, END_OF_INPUT, or None: a wake-up) and carry out
         its effects; returns them."""
         self.activations += 1
-        timers = ctx.timer_service()
         now = _now_ms()
         _fault_hook(self.config.job.inject_failure, self.label, self.activations, self.drill_due)  # (restarts)
         self.drill_due = self._took_drill_node(key, payload)
         self.state.key = key
         effects = self.driver.activate(self.state, key, payload, self.pool.finished(), now)
-        for request in effects.start:
-            self.pool.submit(request)
-        self.meter.submitted(effects.start)
-        self._account(effects)
+        self.timer_service, self.outputs, self.now = ctx.timer_service(), outputs, now
+        carry_out(self, key, effects)
+        self._account(effects)  # (before the pool forgets the results: an injected failure keeps them)
         self.pool.forget(effects.consumed)
+        self._level("pending_keys", len(self.pending))
+        self._report_calls()
+        return effects
+
+    # --- the runner of its activations (flink_memory.stages.runner.Runner) ---------------------------
+
+    def start(self, requests: list[ChatRequest]) -> None:
+        for request in requests:
+            self.pool.submit(request)
+        self.meter.submitted(requests)
+
+    def forget(self, digests: list[str]) -> None:
+        """(Done by `_run` once the results are accounted for.)"""
+
+    def wake(self, key: str, effects: Effects) -> None:
         self.pending.pop(key, None)
         if not effects.idle:
             self.pending[key] = ([r.digest for r in effects.waiting], effects.wake_at_ms)
-        self._level("pending_keys", len(self.pending))
-        self._report_calls()
-        self._schedule(timers, key, effects, now)
-        outputs.extend((key, out) if self.keyed_output else out for out in effects.out)
-        outputs.extend((MANIFESTS, manifest) for manifest in effects.manifests)
-        outputs.extend((MEMORY_LOG, entry) for entry in effects.committed)
-        outputs.extend((DEAD_LETTERS, dead.model_dump_json()) for dead in effects.dead_letters)
-        return effects
+        self._schedule(self.timer_service, key, effects, self.now)
+
+    def emit(self, key: str, channel: str, payload: str) -> None:
+        if channel == RECORDS:
+            self.outputs.append((key, payload) if self.keyed_output else payload)
+        else:
+            self.outputs.append((output_tag(channel), payload))
 
     def _took_drill_node(self, key: str, payload: str | None) -> bool:
         spec = self.config.job.inject_failure

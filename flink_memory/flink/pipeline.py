@@ -11,7 +11,6 @@ import logging
 import os
 import site
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,31 +27,20 @@ from pyflink.datastream.connectors.file_system import (
 
 from flink_memory import budgets
 from flink_memory.config import Config, ConfigError
-from flink_memory.flink.operators import (
-    DEAD_LETTERS,
-    KEYED,
-    MANIFESTS,
-    MEMORY_LOG,
-    ParseRecords,
-    StageFunction,
-)
+from flink_memory.flink.operators import DEAD_LETTER_TAG, KEYED, ParseRecords, StageFunction, output_tag
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
+from flink_memory.flink.streams import MemoryStreams
 from flink_memory.kafka import is_kafka, parse_kafka_url
-from flink_memory.stages.batcher import BatcherCore
-from flink_memory.stages.merger import MergerCore
-from flink_memory.stages.planner import PlannerCore
-from flink_memory.stages.protocol import CoreFactory
+from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG
+from flink_memory.topology import STAGES, check_drill
 
 log = logging.getLogger(__name__)
 
 # Operator uids are part of the savepoint contract: never change them without a migration note. The keyed
-# stages carry a "-thread" suffix in thread mode (see stage_uid).
+# stages' are in flink_memory.topology (with a "-thread" suffix in thread mode: StageSpec.uid_for).
 UIDS = {
     "source": "flink-memory-source",
     "parse": "flink-memory-parse",
-    "planner": "flink-memory-chunk-planner",
-    "batcher": "flink-memory-batcher",
-    "merger": "flink-memory-merger",
     "sink_summaries": "flink-memory-sink-summaries",
     "sink_manifests": "flink-memory-sink-manifests",
     "sink_dead_letters": "flink-memory-sink-dead-letters",
@@ -60,25 +48,6 @@ UIDS = {
     "sink_store": STORE_SINK_UID,
 }
 OUTPUTS = ("summaries", "manifests", "dead-letters", "memory")
-STATEFUL = ("planner", "batcher", "merger")
-
-
-def stage_uid(name: str, execution_mode: str) -> str:
-    """The uid of a keyed stage. PyFlink keeps keyed state in another layout in thread mode than in process
-    mode, so a checkpoint restores only in the mode that wrote it; distinct uids make a restore in the other
-    mode fail loudly (Flink refuses unclaimed state) instead of starting with empty state."""
-    return UIDS[name] if execution_mode == "process" else f"{UIDS[name]}-thread"
-
-
-@dataclass
-class MemoryStreams:
-    summaries: DataStream
-    manifests: DataStream
-    dead_letters: DataStream
-    # the store's log: every node and unit-row message, numbered per agent and writer (LogEntry); written
-    # exactly once to <output>/memory/, from which the store applier writes the store, and its unit rows
-    # shown in the store at once (flink_memory.flink.store_sink)
-    memory_log: DataStream | None = None
 
 
 def flink_configuration(config: Config, output_dir: str | None, restore: str | None = None,
@@ -125,7 +94,8 @@ def flink_configuration(config: Config, output_dir: str | None, restore: str | N
         conf.set_string("restart-strategy.exponential-delay.attempts-before-reset-backoff",
                         str(config.checkpointing.restart_attempts))
     if restore:
-        conf.set_string("execution.state-recovery.path", restore if "://" in restore else Path(restore).resolve().as_uri())
+        conf.set_string("execution.state-recovery.path",
+                        restore if "://" in restore else Path(restore).resolve().as_uri())
     return conf
 
 
@@ -204,29 +174,30 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     `parse`: the function that reads `stream`'s elements (e.g. Kafka rows), instead of JSON lines.
     """
     budgets.check(config)
+    check_drill(config)
     _check_execution_mode(stream, config)
-    config = config.model_copy(update={"journal": config.journal.model_copy(update={"path": config.journal.location()})})
+    journal = config.journal.model_copy(update={"path": config.journal.location()})
+    config = config.model_copy(update={"journal": journal})
     config_json = config.model_dump_json()
     if parse is None:
         stream = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
-    parsed = stream.process(parse or ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
+    upstream = stream.process(parse or ParseRecords(), output_type=KEYED).name("parse-validate").uid(UIDS["parse"])
+    dead = [upstream.get_side_output(DEAD_LETTER_TAG)]
+    channels: dict[str, list[DataStream]] = {}
+    for index, spec in enumerate(STAGES):  # (the last stage's records leave the job: JSON alone, not keyed)
+        keyed = index + 1 < len(STAGES)
+        function = StageFunction(spec, config_json, output_dir, bounded, keyed_output=keyed)
+        upstream = (upstream.key_by(lambda r: r[0], key_type=Types.STRING())
+                    .process(function, output_type=KEYED if keyed else Types.STRING())
+                    .name(spec.label).uid(spec.uid_for(config.job.execution_mode)))
+        dead.append(upstream.get_side_output(DEAD_LETTER_TAG))
+        for channel in spec.channels:
+            channels.setdefault(channel, []).append(upstream.get_side_output(output_tag(channel)))
+    return MemoryStreams(upstream, _union(channels[MANIFESTS]), _union(dead), _union(channels.get(MEMORY_LOG, [])))
 
-    def stage(upstream: DataStream, core: CoreFactory, name: str, label: str, keyed_output: bool = True) -> DataStream:
-        function = StageFunction(core, name, config_json, output_dir, bounded, keyed_output=keyed_output)
-        return (
-            upstream.key_by(lambda r: r[0], key_type=Types.STRING())
-            .process(function, output_type=KEYED if keyed_output else Types.STRING())
-            .name(label).uid(stage_uid(name, config.job.execution_mode))
-        )
 
-    planned = stage(parsed, PlannerCore, "planner", "chunk-planner")
-    batches = stage(planned, BatcherCore, "batcher", "batch-summaries")
-    summaries = stage(batches, MergerCore, "merger", "hierarchical-merger", keyed_output=False)
-    dead = parsed.get_side_output(DEAD_LETTERS).union(
-        planned.get_side_output(DEAD_LETTERS), batches.get_side_output(DEAD_LETTERS),
-        summaries.get_side_output(DEAD_LETTERS))
-    log = batches.get_side_output(MEMORY_LOG).union(summaries.get_side_output(MEMORY_LOG))
-    return MemoryStreams(summaries, planned.get_side_output(MANIFESTS), dead, log)
+def _union(streams: list[DataStream]) -> DataStream | None:
+    return streams[0].union(*streams[1:]) if streams else None
 
 
 def file_sink(base_path: str, name: str) -> FileSink:
@@ -247,7 +218,8 @@ def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
                          ("dead-letters", streams.dead_letters), ("memory", streams.memory_log)):
         if stream is None:
             continue
-        stream.sink_to(file_sink(f"{root}/{name}", name)).name(f"sink-{name}").uid(UIDS[f"sink_{name.replace('-', '_')}"])
+        uid = UIDS[f"sink_{name.replace('-', '_')}"]
+        stream.sink_to(file_sink(f"{root}/{name}", name)).name(f"sink-{name}").uid(uid)
 
 
 def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool = False,
@@ -257,7 +229,7 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
     kafka_in = is_kafka(input_path)
     t_env = None
     if kafka_in or config.sink.kafka.bootstrap_servers:
-        from flink_memory.flink import kafka
+        from flink_memory.flink import kafka_connector as kafka
 
         kafka.load_connector(env, config)
         t_env = kafka.table_environment(env)

@@ -6,7 +6,8 @@ at once (`MemoryStore.write_provisional`, within 50 ms: flink_memory.store.provi
 removed by the commit that reaches its `seq`, and a write behind the committed position changes nothing
 (docs/output.md, "What a reader sees, and when"). With `embeddings` (a provider other than none) each write
 carries its rows' vectors when the model is fast enough (the default static one); a slower model's are computed
-on a thread of their own (flink_memory.store.backfill), and closing waits (up to CLOSE_WAIT_S) for the last ones. Reuse it in other jobs beside `add_file_sinks` (which writes the log): `add_store_sink(streams,
+on a thread of their own (flink_memory.store.backfill), and closing waits (up to CLOSE_WAIT_S) for the last
+ones. Reuse it in other jobs beside `add_file_sinks` (which writes the log): `add_store_sink(streams,
 "postgresql://...", config.embeddings)`, and run `flink-memory apply` on the output directory.
 """
 
@@ -24,7 +25,7 @@ from flink_memory.store.backfill import VectorBackfill
 from flink_memory.store.provisional import WriteBehind
 
 if TYPE_CHECKING:
-    from flink_memory.flink.pipeline import MemoryStreams
+    from flink_memory.flink.streams import MemoryStreams
 
 # Part of the savepoint contract like flink_memory.flink.pipeline.UIDS (which lists it as sink_store).
 STORE_SINK_UID = "flink-memory-sink-store"

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flink_memory.config import Config
-from flink_memory.llm.client import LLMClient
+from flink_memory.llm.chat_client import LLMClient
 from flink_memory.llm.pool import CallPool
 from flink_memory.llm.tokenizers import open_tokenizer
 from flink_memory.requests import RequestFactory
@@ -24,7 +24,7 @@ def resolve_base_url(config: Config) -> str:
         return config.llm.base_url
     if config.llm.provider != "embedded":
         raise ValueError("llm.base_url is required when llm.provider is openai")
-    from flink_memory.llm.embedded import shared_server
+    from flink_memory.llm.llamacpp import shared_server
 
     server = shared_server(config.llm.embedded_model_path, config.llm.context_window, config.llm.embedded_threads,
                            config.llm.embedded_parallel)

@@ -19,11 +19,11 @@ from fastapi.responses import JSONResponse
 from pydantic import TypeAdapter
 from starlette.exceptions import HTTPException
 
+from flink_memory.ids import RECORD_ID_PATTERN
 from flink_memory.service.guard import Guard
 from flink_memory.service.keys import KeyRing
 from flink_memory.service.memory import MemoryService, ServiceError
 from flink_memory.service.models import (
-    ID_PATTERN,
     Accepted,
     Health,
     MemoryResponse,
@@ -117,7 +117,7 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
     @app.delete("/v1/agents/{agent_id}/memories/{record_id}", status_code=202, response_model=Accepted,
                 responses=write, tags=["write"])
     def delete(agent_id: str, request: Request,
-               record_id: str = Path(json_schema_extra={"pattern": ID_PATTERN, "maxLength": 512})) -> Accepted:
+               record_id: str = Path(json_schema_extra={"pattern": RECORD_ID_PATTERN, "maxLength": 512})) -> Accepted:
         """Retract a record: its text leaves every unit and summary once the job applies it."""
         return service.delete(grant(request), agent_id, record_id)
 

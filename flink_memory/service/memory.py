@@ -27,8 +27,8 @@ from flink_memory.service.models import (
 from flink_memory.service.pool import PoolBusy, StorePool, default_size
 from flink_memory.service.writer import RecordTooLarge, RecordWriter, WriteFailed, as_line
 from flink_memory.store import MemoryStore, StoreError, StoreNotFound, open_store
-from flink_memory.store.core import walk_tree
 from flink_memory.store.diversity import DIVERSITY
+from flink_memory.store.rules import walk_tree
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder

@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flink_memory.ids import RECORD_ID_PATTERN
 from flink_memory.records import Message, SummaryNode
 from flink_memory.store import Recalled
 
@@ -55,8 +56,7 @@ class MemoryResponse(_Body):
 
 # What the job accepts as a record id, for the OpenAPI document (the job's own check decides: parse_line):
 # not blank, no control characters, not ending in '#' and digits (the ids of a record's parts)
-ID_PATTERN = r"^(?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f0-9]|[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f#0-9][0-9]+|[0-9]+)$"
-RecordId = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={"pattern": ID_PATTERN})]
+RecordId = Annotated[str, Field(min_length=1, max_length=512, json_schema_extra={"pattern": RECORD_ID_PATTERN})]
 Timestamp = Annotated[str, Field(json_schema_extra={"format": "date-time"}, description="RFC 3339 with offset")]
 
 

@@ -20,16 +20,16 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
+from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten, log_line
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.reduce import ReduceJob
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
@@ -278,7 +278,7 @@ class BatcherCore:
         effects.out.append(line)
         if self.log_nodes:
             meta.log_seq += 1
-            effects.committed.append(log_line("batcher", node.agent_id, meta.log_seq, "node", line))
+            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", line))
 
     def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
               replaces: list[str] | None = None) -> SummaryNode:
@@ -404,7 +404,7 @@ def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None
     for message in messages:
         meta.log_seq += 1
         line = message.model_copy(update={"seq": meta.log_seq}).model_dump_json()
-        effects.committed.append(log_line("batcher", message.agent_id, meta.log_seq, "units", line))
+        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line))
 
 
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:

@@ -18,6 +18,9 @@ from flink_memory.requests import ChatRequest, ChatResult, ContextOverflow, LLMC
 
 # Results of finished calls by request digest: a ChatResult, or the error the call ended with.
 Finished = Mapping[str, "ChatResult | BaseException"]
+# The side channels a stage may send on besides its records and dead letters (flink_memory.topology.CHANNELS)
+MANIFESTS = "manifests"
+MEMORY_LOG = "memory-log"
 
 
 class CallJob(Protocol):
@@ -123,8 +126,7 @@ class Effects:
 
     out: list[str] = field(default_factory=list)  # main output, keyed by the current agent
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    manifests: list[str] = field(default_factory=list)
-    committed: list[str] = field(default_factory=list)  # the memory log: the store shows it, and applies it committed
+    side: dict[str, list[str]] = field(default_factory=dict)  # per side channel (flink_memory.topology.CHANNELS)
     start: list[ChatRequest] = field(default_factory=list)
     waiting: list[ChatRequest] = field(default_factory=list)  # calls in flight this key waits for
     wake_at_ms: int | None = None  # a time-based wake-up for work (backoff, batch timeout, global refresh)
@@ -134,6 +136,10 @@ class Effects:
     failures: list[LLMCallError] = field(default_factory=list)
     rejections: int = 0
     counts: Counter[str] = field(default_factory=Counter)
+
+    def emit(self, channel: str, payload: str) -> None:
+        """Send `payload` on a side channel the stage declares (its StageSpec's `channels`)."""
+        self.side.setdefault(channel, []).append(payload)
 
     @property
     def idle(self) -> bool:

@@ -1,6 +1,7 @@
 """The activation driver: how any stage core is run for one key, by the Flink shell and by the test harness.
 
-One activation loads the key's state (migrated from release 0.1.0 on the way, see `flink_memory.migrations`),
+One activation loads the key's state (migrated from release 0.1.0 on the way by the stage's migration, which
+the topology hands over: flink_memory.topology),
 runs the core for a record, a wake-up or the end of input, and commits the state when the core returns. The
 caller carries out the effects (starts calls, sets timers, sends outputs on).
 
@@ -22,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flink_memory.digests import digest_parts
-from flink_memory.migrations import migration_of
 from flink_memory.stages.calls import Effects, Finished, RecordFault
 from flink_memory.stages.protocol import Culprit, StageCore
-from flink_memory.state import StateBackend, StateTransaction
+from flink_memory.state import Migration, StateBackend, StateTransaction
 
 log = logging.getLogger(__name__)
 
@@ -51,11 +51,12 @@ class Waits:
 class Driver:
     """Runs one stage core for one key at a time (the caller sets the backend's current key)."""
 
-    def __init__(self, core: StageCore, label: str, count_fault: Callable[[str], int] | None = None) -> None:
+    def __init__(self, core: StageCore, label: str, count_fault: Callable[[str], int] | None = None,
+                 migration: Migration | None = None) -> None:
         self.core = core
         self.label = label  # the stage's name in logs, dead-letter reasons and fault digests
         self.count_fault = count_fault  # how often a fault was seen, this time included
-        self.migration = migration_of(core)
+        self.migration = migration
         self.schema = self.migration.schema(core.schema) if self.migration is not None else core.schema
         self.told: set[str] = set()  # keys whose end of input went to the next stage
 

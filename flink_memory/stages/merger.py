@@ -22,14 +22,14 @@ from __future__ import annotations
 from pydantic import ConfigDict, Field
 
 from flink_memory.config import Config
+from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateModel, StateSchema, StateTransaction
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
@@ -264,7 +264,8 @@ class MergerCore:
         children = [stored.node for i in child_ids if (stored := state.entry(NODES, i)) is not None
                     and stored.node.item_count]
         for child in children:
-            state.put(NODES, child.node_id, state.entry(NODES, child.node_id).model_copy(update={"parent": job.node_id}))
+            entry = state.entry(NODES, child.node_id)
+            state.put(NODES, child.node_id, entry.model_copy(update={"parent": job.node_id}))
         self._run_merge(state, tree, self._merge_job(job.node_id, job.level, children, job.replaces), finished,
                         now_ms, effects)
 
@@ -297,7 +298,7 @@ class MergerCore:
             position = state.get(LOG, LogPosition) or LogPosition()
             for line in written:
                 position.seq += 1
-                effects.committed.append(log_line("merger", state.key, position.seq, "node", line))
+                effects.emit(MEMORY_LOG, log_line("merger", state.key, position.seq, "node", line))
             state.set(LOG, position)
         return effects
 

@@ -18,7 +18,7 @@ import json
 
 from pydantic import Field
 
-from flink_memory.chunking.core import InvalidPlan, materialize
+from flink_memory.chunking.exchanges import InvalidPlan, materialize
 from flink_memory.chunking.manifest import (
     ManifestMismatch,
     PolicyChanged,
@@ -40,7 +40,7 @@ from flink_memory.records import (
     record_from_json,
 )
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import Effects, Finished, RecordFault, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Retract
 from flink_memory.stages.protocol import Culprit
 from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, seq_key
@@ -350,7 +350,7 @@ class PlannerCore:
             if previous is not None:
                 manifest = as_update(manifest, previous.digest, "update: the record was sent again with other "
                                                                 "content, so it was planned again in full")
-            effects.manifests.append(manifest_json(manifest))
+            effects.emit(MANIFESTS, manifest_json(manifest))
         units = [unit["unit_id"] for unit in routed.units]
         if content is None:  # (the content digest `_accept` compared, when the caller has it)
             content = manifest.input_digest if routed.manifest else item_digest(record)

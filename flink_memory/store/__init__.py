@@ -13,7 +13,34 @@
 Reads return pydantic models: `flink_memory.records.SummaryNode` for nodes, `Recalled` for recall hits.
 """
 
-from flink_memory.store.core import Recalled, live_view, query_terms
-from flink_memory.store.sql import MemoryStore, StoreError, StoreNotFound, open_store
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from flink_memory.databases import is_postgres
+from flink_memory.store.rules import Recalled, StoreError, StoreNotFound, live_view, query_terms
+from flink_memory.store.sql import MemoryStore
+
+if TYPE_CHECKING:
+    from flink_memory.embeddings import Embedder
 
 __all__ = ["MemoryStore", "Recalled", "StoreError", "StoreNotFound", "live_view", "open_store", "query_terms"]
+
+
+def open_store(location: str, *, create: bool = False, embedder: Embedder | None = None) -> MemoryStore:
+    """The store at `location`: a postgresql:// (or postgres://) URL, else a SQLite file path.
+
+    Readers open an existing store (StoreNotFound otherwise); the job's sink passes `create=True`, which
+    creates the file or the tables when missing. With an `embedder` (flink_memory.embeddings), writes embed
+    their rows and recall ranks by meaning too."""
+    store: MemoryStore
+    if is_postgres(location):
+        from flink_memory.store.postgres import PostgresStore
+
+        store = PostgresStore(location, create=create)
+    else:
+        from flink_memory.store.sqlite import SqliteStore
+
+        store = SqliteStore(location, create=create)
+    store.embedder = embedder
+    return store

@@ -20,7 +20,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from flink_memory.stages.unit_rows import LogEntry
-from flink_memory.store.sql import MemoryStore, PositionConflict
+from flink_memory.store.rules import PositionConflict
+from flink_memory.store.sql import MemoryStore
 
 log = logging.getLogger(__name__)
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 import logging
 import threading
 
-from flink_memory.embeddings.core import Embedder
-from flink_memory.store.sql import StoreError, open_store
+from flink_memory.embeddings.api import Embedder
+from flink_memory.store import open_store
+from flink_memory.store.rules import StoreError
 
 log = logging.getLogger(__name__)
 

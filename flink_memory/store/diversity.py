@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
-from flink_memory.store.core import SPECIFICITY
+from flink_memory.store.rules import SPECIFICITY
 
 DIVERSITY = 1.0  # the default weight (recall.diversity in conf/flink-memory.yaml)
 WINDOW = 4  # how many times k ranked candidates the selection looks at

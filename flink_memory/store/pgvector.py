@@ -21,31 +21,32 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from flink_memory.store.sql import NODES
+from flink_memory.store.schema import BUCKET, BUCKETS, HIT, NODES
 from flink_memory.store.vectors import exact_cosines
 
 log = logging.getLogger(__name__)
 
 INDEX = f"{NODES}_hnsw"  # INDEX_0 .. INDEX_31, one per bucket
-BUCKETS = 32
-BUCKET = f"(hashtext(agent_id) & {BUCKETS - 1})"
 COLUMN_TYPE = (f"SELECT t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid WHERE a.attrelid = "
                f"to_regclass('{NODES}') AND a.attname = 'vector' AND NOT a.attisdropped")
 VERSION = "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
 # (the bucket a literal: the planner matches it to the predicate of the bucket's partial index)
-NEAREST = (f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL AND {BUCKET} = "
+NEAREST = (f"SELECT {HIT}, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL AND {BUCKET} = "
            "{bucket} ORDER BY vector::vector({dim}) <#> %s::vector({dim}) LIMIT %s")
 # the same order on the column itself, which the index (on the cast to the dimension) does not serve
-EXACT = (f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL "
+EXACT = (f"SELECT {HIT}, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL "
          "ORDER BY vector <#> %s::vector LIMIT %s")
 COUNT_AND_BUCKET = (f"SELECT (SELECT count(*) FROM (SELECT 1 FROM {NODES} WHERE agent_id = %s LIMIT %s) r), "
                     f"{BUCKET.replace('agent_id', '%s::text')}")
+SIZE_KNOWN_S = 60.0  # how long a reader trusts an agent's size class (small: searched exactly) and bucket
 EXACT_BELOW = 5000  # an agent with fewer rows is searched exactly (measured: docs/benchmarks.md)
 # candidates of an index scan: at 1 000 000 rows (an agent of 100 000) 160 finds 98% of the exact top 5 in 9 ms,
 # pgvector's default 40 finds 93% in 6 ms, 400 all of them in 17-34 ms (docs/benchmarks.md)
 EF_SEARCH = 160
 EF_SEARCH_NOT_ITERATIVE = 400
 VECTORS_OF = f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND node_id = ANY(%s) AND vector IS NOT NULL"
+# (found by a search: rows of the HIT columns and the vector, in pgvector's binary form)
+Found = list[tuple[Any, ...]]
 # little-endian float32 bytes (the bytea column) as real[], for the one-time conversion of a store's column
 FLOATS = """CREATE OR REPLACE FUNCTION pg_temp.flink_memory_floats(b bytea) RETURNS real[] LANGUAGE sql IMMUTABLE AS $$
   SELECT array_agg(CASE WHEN (w >> 23) & 255 = 0 THEN 0 ELSE (1 - 2 * (w >> 31))
@@ -83,7 +84,8 @@ def convert_bytes(conn: Any, location: str) -> None:
         return
     log.warning("%s: converting the stored vectors from bytes to pgvector's type (once)", location)
     conn.execute(FLOATS)
-    conn.execute(f"ALTER TABLE {NODES} ALTER COLUMN vector TYPE vector USING pg_temp.flink_memory_floats(vector)::vector")
+    conn.execute(f"ALTER TABLE {NODES} ALTER COLUMN vector TYPE vector "
+                 "USING pg_temp.flink_memory_floats(vector)::vector")
 
 
 def create_index(conn: Any, dim: int) -> None:
@@ -127,40 +129,51 @@ class Vectors:
         numbers = tuple(int(p) for p in version[0].split(".")[:2]) if version else (0, 0)
         return cls(extension=True, iterative=numbers >= (0, 8))
 
-    def cosines(self, conn: Any, agent_id: str, question: Any, nearest: int, also: Any) -> dict[str, float]:
-        """Cosines of the agent's `nearest` rows closest to the (unit) question and of the rows `also` names.
+    def nearest(self, conn: Any, agent_id: str, question: Any, nearest: int, size: tuple[int, int]) -> Found:
+        """The agent's `nearest` rows closest to the (unit) question, on a connection with the search's session
+        settings (`settings`); `size`: the agent's rows up to EXACT_BELOW and its bucket (`size_of`).
 
         An agent with fewer than EXACT_BELOW rows is searched exactly (its rows by the primary key, sorted);
         a larger one by its bucket's HNSW index, and exactly after all when the index scan stopped short of
         `nearest` rows of the agent (its share of the bucket too small for the scan's bounds)."""
-        import numpy as np
-
         dim, vector = len(question), text(question)
-        with conn.transaction():
-            rows, bucket = conn.execute(COUNT_AND_BUCKET, (agent_id, EXACT_BELOW, agent_id), prepare=False).fetchone()
-            found: list[tuple[str, bytes]] = []
-            if rows >= EXACT_BELOW:
-                for setting in self.settings():
-                    conn.execute(setting)
-                found = conn.cursor(binary=True).execute(NEAREST.format(dim=dim, bucket=int(bucket)),
-                                                         (agent_id, vector, nearest), prepare=False).fetchall()
-            if len(found) < nearest:
-                found = conn.cursor(binary=True).execute(EXACT, (agent_id, vector, nearest), prepare=False).fetchall()
-        seen = {key for key, _ in found}
-        rest = [key for key in also if key not in seen]
-        if rest:
-            found += conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, rest), prepare=False).fetchall()
-        if not found:
-            return {}
-        matrix = np.stack([from_binary(vector) for _, vector in found])
-        return dict(zip([key for key, _ in found], exact_cosines(matrix, question)))
+        rows, bucket = size
+        found: Found = []
+        if rows >= EXACT_BELOW:
+            found = conn.cursor(binary=True).execute(NEAREST.format(dim=dim, bucket=int(bucket)),
+                                                     (agent_id, vector, nearest), prepare=False).fetchall()
+        if len(found) < nearest:
+            found = conn.cursor(binary=True).execute(EXACT, (agent_id, vector, nearest), prepare=False).fetchall()
+        return found
+
+    @staticmethod
+    def size_of(conn: Any, agent_id: str) -> tuple[int, int]:
+        """The agent's rows (counted up to EXACT_BELOW) and its bucket."""
+        rows, bucket = conn.execute(COUNT_AND_BUCKET, (agent_id, EXACT_BELOW, agent_id), prepare=False).fetchone()
+        return int(rows), int(bucket)
+
+    def of_rows(self, conn: Any, agent_id: str, keys: list[str]) -> Found:
+        """The vectors of the agent's rows `keys` (those of them with one), as (key, vector) rows."""
+        return conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, keys), prepare=False).fetchall()
 
     def settings(self) -> list[str]:
-        """SET LOCAL statements of an index search: EF_SEARCH candidates, then on by an iterative scan
-        (pgvector 0.8; before it, a wider list: what it misses, the exact search makes up for); sorting off,
-        so that the planner walks the index rather than sorting the agent's rows."""
+        """The session settings of the connection that searches: EF_SEARCH candidates, then on by an iterative
+        scan (pgvector 0.8; before it, a wider list: what it misses, the exact search makes up for); sorting
+        off, so that the planner walks the index rather than sorting the agent's rows (an exact search has no
+        index to walk and still sorts)."""
         if self.iterative:
-            scan = ["SET LOCAL hnsw.iterative_scan = relaxed_order", f"SET LOCAL hnsw.ef_search = {EF_SEARCH}"]
+            scan = ["SET hnsw.iterative_scan = relaxed_order", f"SET hnsw.ef_search = {EF_SEARCH}"]
         else:
-            scan = [f"SET LOCAL hnsw.ef_search = {EF_SEARCH_NOT_ITERATIVE}"]
-        return [*scan, "SET LOCAL enable_sort = off"]
+            scan = [f"SET hnsw.ef_search = {EF_SEARCH_NOT_ITERATIVE}"]
+        return [*scan, "SET enable_sort = off"]
+
+
+def scored(found: Found, question: Any) -> dict[str, float]:
+    """Cosines of found rows (their key first, their vector last) with the (unit) question."""
+    import numpy as np
+
+    found = [row for row in found if row[-1] is not None]
+    if not found:
+        return {}
+    matrix = np.stack([from_binary(row[-1]) for row in found])
+    return dict(zip([row[0] for row in found], exact_cosines(matrix, question)))

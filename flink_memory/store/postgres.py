@@ -11,26 +11,29 @@ exactly in memory (flink_memory.store.vectors), as on SQLite; the writer logs wh
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+import time
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from flink_memory.databases import PostgresConnection, redact_url
+from flink_memory.meanwhile import meanwhile
 from flink_memory.store import pgvector
-from flink_memory.store.core import tsquery_term
-from flink_memory.store.sql import (
+from flink_memory.store.rules import PositionConflict, StoreError, tsquery_term
+from flink_memory.store.schema import (
+    BUCKET,
+    BUCKET_OF,
+    BUCKETS,
     CREATE_GENERATIONS,
     CREATE_LOG_TABLES,
     HIT,
+    HIT_WIDTH,
     INIT_META,
     META,
     NODES,
     PENDING_INDEX,
     REPLACED,
-    VECTOR_CANDIDATES,
-    MemoryStore,
-    PositionConflict,
-    StoreError,
 )
+from flink_memory.store.sql import VECTOR_CANDIDATES, MemoryStore
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
@@ -46,8 +49,28 @@ COMMON_TERMS = (
     "s.most_common_elem_freqs) m(e, f) WHERE s.schemaname = current_schema() AND s.tablename = "
     f"'{NODES}' AND s.attname = 'tsv' AND m.f >= %s) SELECT t FROM unnest(%s::text[]) t WHERE EXISTS "
     "(SELECT 1 FROM unnest(to_tsvector('english', t)) v JOIN common c ON c.e = v.lexeme)")
-RANKED = (f"SELECT {HIT} FROM (SELECT {HIT}, tsv FROM {NODES} WHERE agent_id = %s AND tsv @@ to_tsquery('english', "
-          "%s) LIMIT %s) m ORDER BY ts_rank_cd(tsv, to_tsquery('english', %s), 1) DESC LIMIT %s")
+# (the bucket a literal: the planner matches it to the predicate of the bucket's partial index)
+RANKED = (f"SELECT {HIT}{{vector}} FROM (SELECT {HIT}, tsv{{vector}} FROM {NODES} WHERE agent_id = %s AND "
+          f"{BUCKET} = {{bucket}} AND tsv @@ to_tsquery('english', %s) LIMIT %s) m "
+          "ORDER BY ts_rank_cd(tsv, to_tsquery('english', %s), 1) DESC LIMIT %s")
+KEYWORD_INDEX = f"{NODES}_tsv"  # KEYWORD_INDEX_0 .. _31, one per bucket (before them: one, KEYWORD_INDEX)
+TERMS_KNOWN_S = 300.0  # how long a reader trusts that a term is common or rare (statistics change on ANALYZE)
+TERMS_KEPT = 100_000  # terms remembered at most (then forgotten all at once)
+
+
+def _keyword_indexes(conn: Any, location: str) -> None:
+    """The full-text GIN index of each bucket, unless it exists; the one index of a store written before them is
+    replaced (once: a store of many rows takes a while, logged)."""
+    missing = [b for b in range(BUCKETS)
+               if conn.execute("SELECT to_regclass(%s)", (f"{KEYWORD_INDEX}_{b}",)).fetchone()[0] is None]
+    if not missing:
+        return
+    if conn.execute("SELECT to_regclass(%s)", (KEYWORD_INDEX,)).fetchone()[0] is not None:
+        log.warning("%s: building the full-text index of each of %d buckets of agents (once)", location, BUCKETS)
+    for bucket in missing:
+        conn.execute(f"CREATE INDEX IF NOT EXISTS {KEYWORD_INDEX}_{bucket} ON {NODES} USING GIN (tsv) "
+                     f"WHERE {BUCKET} = {bucket}")
+    conn.execute(f"DROP INDEX IF EXISTS {KEYWORD_INDEX}")
 
 
 class PostgresStore(MemoryStore):
@@ -64,6 +87,10 @@ class PostgresStore(MemoryStore):
         self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store")
         self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
         self._indexed = False  # the HNSW index is known to exist
+        self._search_db: PostgresConnection | None = None  # (recall's search by meaning, opened at its first)
+        self._terms: dict[str, tuple[bool, float]] = {}  # term -> (common, when it was asked)
+        self._buckets: dict[str, int] = {}  # agent -> its bucket
+        self._sizes: dict[str, tuple[tuple[int, int], float]] = {}  # agent -> (rows up to EXACT_BELOW, bucket)
         try:
             if create:
                 self._db.run(self._create_schema)
@@ -103,19 +130,19 @@ class PostgresStore(MemoryStore):
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             conn.execute(PENDING_INDEX)
-            conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_tsv ON {NODES} USING GIN (tsv)")
+            _keyword_indexes(conn, self.location)
             conn.execute(CREATE_GENERATIONS)
             for statement in CREATE_LOG_TABLES:
                 conn.execute(statement)
             conn.execute(f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
                          "PRIMARY KEY (agent_id, node_id))")
 
-    def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    def _fetch(self, sql: str, params: tuple[Any, ...], *, binary: bool = False) -> list[tuple[Any, ...]]:
         # planned for its parameters each time: psycopg prepares a statement run five times, and PostgreSQL may
         # then reuse one generic plan, which for a query by agent fits one size of agent only (a sequential
         # scan for an agent of 100 000 rows made every keyword query of the others cost 100-200 ms)
         try:
-            return self._db.run(lambda c: c.execute(sql, params, prepare=False).fetchall())
+            return self._db.run(lambda c: c.cursor(binary=binary).execute(sql, params, prepare=False).fetchall())
         except self._db.psycopg.OperationalError as exc:  # a reader (the service) answers 503, not a crash
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
 
@@ -134,22 +161,44 @@ class PostgresStore(MemoryStore):
 
         self._db.run(write)
 
-    def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
+    def _matching(self, agent_id: str, terms: list[str], limit: int, *,
+                  with_vectors: bool = False) -> list[tuple[Any, ...]]:
         """The agent's rows holding a rare term of the question (in under RARE_SHARE of the table's rows, by
         PostgreSQL's statistics of the tsvector column), ranked by ts_rank_cd over all the terms; then, up to
         `limit`, rows holding its common terms, the best of COMMON_RANKED per row wanted. Bounded so (at most
         MATCH_CAP matches of rare terms), since a word in most of an agent's 100 000 rows would otherwise cost
         a rank of each (hundreds of milliseconds), where its matches add little: its weight is low."""
-        common = {row[0] for row in self._fetch(COMMON_TERMS, (RARE_SHARE, terms))}
+        common = self._common_terms(terms)
         every = " | ".join(tsquery_term(t) for t in terms)
+        ranked = RANKED.format(vector=", vector" if with_vectors else "", bucket=self._bucket_of(agent_id))
         found: dict[str, tuple[Any, ...]] = {}
         for kind, cap in (([t for t in terms if t not in common], MATCH_CAP), ([t for t in terms if t in common], 0)):
             if kind and len(found) < limit:
                 match = " | ".join(tsquery_term(t) for t in kind)
                 cap = cap or COMMON_RANKED * (limit - len(found))
-                for row in self._fetch(RANKED, (agent_id, match, cap, every, limit)):
+                for row in self._fetch(ranked, (agent_id, match, cap, every, limit), binary=with_vectors):
                     found.setdefault(row[0], row)
         return list(found.values())[:limit]
+
+    def _bucket_of(self, agent_id: str) -> int:
+        """The agent's bucket (it never changes: remembered)."""
+        if agent_id not in self._buckets:
+            if len(self._buckets) > TERMS_KEPT:
+                self._buckets.clear()
+            self._buckets[agent_id] = int(self._fetch(BUCKET_OF, (agent_id,))[0][0])
+        return self._buckets[agent_id]
+
+    def _common_terms(self, terms: list[str]) -> set[str]:
+        """The question's terms whose lexeme is common in the table (COMMON_TERMS), each remembered for
+        TERMS_KNOWN_S: most questions then ask nothing."""
+        now = time.monotonic()
+        unknown = [t for t in terms if now - self._terms.get(t, (False, -TERMS_KNOWN_S))[1] >= TERMS_KNOWN_S]
+        if unknown:
+            common = {row[0] for row in self._fetch(COMMON_TERMS, (RARE_SHARE, unknown))}
+            if len(self._terms) > TERMS_KEPT:
+                self._terms.clear()
+            self._terms.update((t, (t in common, now)) for t in unknown)
+        return {t for t in terms if self._terms[t][0]}
 
     def _vector_value(self, vector: Any) -> Any:
         return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
@@ -179,11 +228,51 @@ class PostgresStore(MemoryStore):
             self._indexed = False
         return super().forget_vectors()
 
-    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
+    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[
+            [Mapping[str, tuple[Any, ...]]], tuple[dict[str, float], dict[str, tuple[Any, ...]]]]:
+        """The search by meaning on a second connection (its session set for the index scan), in a thread
+        while the first searches by keyword (with each row's vector): the server runs both at once. Found
+        rows come with their HIT columns, so none is read again."""
         if not self.vectors.extension:
             return super()._nearest_meanwhile(agent_id, question)
-        return lambda also: self._db.run(
-            lambda conn: self.vectors.cosines(conn, agent_id, question(), VECTOR_CANDIDATES, also))
+        if self._search_db is None:
+            settings = self.vectors.settings()
+            self._search_db = PostgresConnection(
+                self._db.url, setting="store.url", application_name="flink-memory recall by meaning",
+                setup=lambda conn: [conn.execute(setting) for setting in settings])
+        search_db = self._search_db
+
+        def search() -> tuple[Any, pgvector.Found]:
+            vector = question()
+            return vector, search_db.run(lambda conn: self.vectors.nearest(
+                conn, agent_id, vector, VECTOR_CANDIDATES, self._size_of(conn, agent_id)))
+
+        searched = meanwhile(search, name="recall-by-meaning")
+
+        def result(rows: Mapping[str, tuple[Any, ...]]) -> tuple[dict[str, float], dict[str, tuple[Any, ...]]]:
+            vector, found = searched()
+            nearest = {row[0]: row[:-1] for row in found}
+            with_vector = [row for key, row in rows.items() if key not in nearest and len(row) > HIT_WIDTH]
+            rest = [key for key, row in rows.items() if key not in nearest and len(row) == HIT_WIDTH]
+            if rest:  # (keyword rows read without their vectors)
+                with_vector += search_db.run(lambda conn: self.vectors.of_rows(conn, agent_id, rest))
+            return pgvector.scored([*found, *with_vector], vector), nearest
+
+        return result
+
+    def _size_of(self, conn: Any, agent_id: str) -> tuple[int, int]:
+        """The agent's size class and bucket (pgvector.Vectors.size_of), asked again after SIZE_KNOWN_S: an
+        agent that grew past EXACT_BELOW meanwhile is still searched exactly, one that shrank falls back to it."""
+        known = self._sizes.get(agent_id)
+        now = time.monotonic()
+        if known is None or now - known[1] >= pgvector.SIZE_KNOWN_S:
+            if len(self._sizes) > TERMS_KEPT:
+                self._sizes.clear()
+            known = (self.vectors.size_of(conn, agent_id), now)
+            self._sizes[agent_id] = known
+        return known[0]
 
     def close(self) -> None:
         self._db.close()
+        if self._search_db is not None:
+            self._search_db.close()

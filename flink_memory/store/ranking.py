@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-from flink_memory.store.core import SPECIFICITY
+from flink_memory.store.rules import SPECIFICITY
 
 K1, B = 1.2, 0.75
 RRF_K = 60

@@ -1,12 +1,8 @@
 """The live-memory store: summary nodes and memory units in SQLite (one file, WAL) or PostgreSQL (psycopg 3),
 one schema (flink_memory.store.sqlite, flink_memory.store.postgres).
 
-Two tables and a full-text index: `flink_memory_nodes` holds each live node (its columns for queries and
-`body`, the node's JSON exactly as written to summaries/) and each live memory unit (kind `unit`, keyed
-`unit:<id>`, `covered_by` its batch node), each with the digest of its text and, once embedded, its vector
-(little-endian float32; the store's meta table records the embedding model and dimension: vectors of one
-model only). `flink_memory_replaced` holds every (agent, node id) that a written node lists in `replaces`. A write records the replacements first, deletes the nodes they
-name, then upserts each node that is not replaced, in one transaction per call (PostgreSQL takes an
+The tables and statements are flink_memory.store.schema's. A write records the replacements first, deletes the
+nodes they name, then upserts each node that is not replaced, in one transaction per call (PostgreSQL takes an
 advisory lock per agent for it, SQLite's write lock covers the file). A node is live while it is in the
 nodes table: whatever the arrival order, a replaced node is never stored again, and a replayed node
 rewrites its own row. The text of a replaced node leaves the store; its id stays in the replacements table.
@@ -22,8 +18,9 @@ older committed write shows them again; the commit that reaches their place remo
 the pending deletions and shows a hidden unit again unless it deleted it. A provisional write behind the
 committed position changes nothing (a slow writer, a zombie attempt).
 
-Vectors are written after the rows, in their own transaction (a row not yet embedded is found by keyword),
-and reuse the vector of any live row with the same text digest and model (a replay embeds nothing again).
+Vectors: with an inline model (the static one) a write carries its rows' vectors in the same transaction; a
+slower model's follow in a transaction of their own (a row not yet embedded is found by keyword). Either way a
+row reuses the vector of a live row with the same text digest and model (a replay embeds nothing again).
 
 `MemoryStore` holds every statement and read rule; a store supplies its connection, schema and search.
 Reads return `SummaryNode` models (`flink_memory.records`) and `Recalled` hits, never raw rows.
@@ -33,26 +30,75 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, Literal
 
-from flink_memory.databases import is_postgres
-from flink_memory.digests import digest_parts
+from flink_memory.meanwhile import meanwhile
 from flink_memory.records import MemoryUnit, SummaryNode
-from flink_memory.store.core import (
+from flink_memory.store.diversity import DIVERSITY, WINDOW, Ranked, diversify, stands_for
+from flink_memory.store.ranking import Candidate, Fusion, TermCounts, rank
+from flink_memory.store.rules import (
     UNIT_KIND,
     UNIT_PREFIX,
-    UNIT_STEPS,
+    PositionConflict,
     Recalled,
+    StoreError,
+    StoreNotFound,
     as_node,
     as_unit,
     query_terms,
-    specificity_steps,
 )
-from flink_memory.store.diversity import DIVERSITY, WINDOW, Ranked, diversify, stands_for
-from flink_memory.store.ranking import Candidate, Fusion, TermCounts, rank
+from flink_memory.store.schema import (
+    AGENTS,
+    ALL_OF_AGENT,
+    APPLIED,
+    APPLIED_FILE,
+    BUMP,
+    CONFIRMED_DELETES,
+    CONFIRMED_PENDING,
+    COVER,
+    CURRENT,
+    DELETE_REPLACED,
+    DELETE_UNIT,
+    DROP_ALL_PENDING,
+    DROP_PENDING,
+    FORGET_UNITS,
+    GENERATION,
+    HAS_AGENT,
+    HIDDEN_KIND,
+    HIDE_UNIT,
+    HIDE_UNITS,
+    HIT,
+    HIT_WIDTH,
+    META,
+    META_VALUE,
+    NODE,
+    NODES,
+    PENDING_DELETE,
+    PENDING_PREFIX,
+    POSITION,
+    PROMOTE,
+    RECORD_REPLACED,
+    ROWS_OF_AGENT,
+    SCHEMA,
+    SCHEMA_VERSION,
+    SET_META,
+    SET_POSITION,
+    SET_VECTOR,
+    UNCOVERED,
+    UNEMBEDDED,
+    UNHIDE,
+    UNITS_OF_AGENT,
+    UPSERT,
+    UPSERT_PENDING,
+    UPSERT_UNIT,
+    VECTORS_OF_AGENT,
+    hit,
+    node_row,
+    text_digest,
+    unit_row,
+)
 from flink_memory.store.vectors import VectorCache, cosines, nearest
 
 if TYPE_CHECKING:
@@ -63,155 +109,8 @@ Mode = Literal["hybrid", "keyword", "vector"]
 KEYWORD_CANDIDATES = 400  # rows sharing a term with the question (MemoryStore._matching)
 VECTOR_CANDIDATES = 50  # nearest rows by cosine
 
-SCHEMA_VERSION = 1
-NODES = "flink_memory_nodes"
-REPLACED = "flink_memory_replaced"
-META = "flink_memory_store_meta"
-GENERATIONS = "flink_memory_generations"  # per agent: bumped by every write (flink_memory.store.vectors)
-POSITIONS = "flink_memory_positions"  # per agent: the last applied seq of its merger log and of its batcher log
-APPLIED = "flink_memory_applied_files"  # the memory log's files applied to the end
-PENDING_DELETES = "flink_memory_pending_deletes"  # deletions shown before their commit (unit id, or * for all)
-FTS = "flink_memory_nodes_fts"  # SQLite only: FTS5 over the text and agent of NODES (PostgreSQL: a tsvector column)
-COLUMNS = ("agent_id", "node_id", "kind", "level", "steps", "version", "item_count", "first_ts", "last_ts", "text",
-           "body", "digest")
-# columns added to a store of schema version 1 written before units and vectors (added on create)
-ADDED = {"covered_by": "TEXT", "digest": "TEXT", "vector": "BLOB", "pending_seq": "BIGINT"}
-PENDING_PREFIX = "pending:"  # a provisional unit row: `pending:<unit id>` (no node id starts so either)
-# the tables of the applier's bookkeeping, the same in both stores
-CREATE_LOG_TABLES = (  # (the index of provisional rows is made after the column: PENDING_INDEX)
-    f"CREATE TABLE IF NOT EXISTS {POSITIONS} (agent_id TEXT PRIMARY KEY, merger_seq BIGINT NOT NULL, "
-    "batcher_seq BIGINT NOT NULL)",
-    f"CREATE TABLE IF NOT EXISTS {APPLIED} (name TEXT PRIMARY KEY)",
-    f"CREATE TABLE IF NOT EXISTS {PENDING_DELETES} (agent_id TEXT NOT NULL, unit_id TEXT NOT NULL, "
-    "seq BIGINT NOT NULL, PRIMARY KEY (agent_id, unit_id))",
-)
-# what recall reads of a row
-HIT = "node_id, kind, level, steps, text, covered_by, first_ts, last_ts"
-
-# The statements both stores run, with `?` placeholders (PostgreSQL's store turns them into `%s`).
-RECORD_REPLACED = f"INSERT INTO {REPLACED} (agent_id, node_id) VALUES (?, ?) ON CONFLICT DO NOTHING"
-DELETE_REPLACED = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ?"
-UPSERT = (
-    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}) SELECT {', '.join('?' for _ in COLUMNS)} "
-    f"WHERE NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?) "
-    f"ON CONFLICT (agent_id, node_id) DO UPDATE SET "
-    + ", ".join(f"{c} = excluded.{c}" for c in COLUMNS[2:])
-    + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END"
-)
-HIDDEN_KIND = "hidden"  # a committed unit a deletion or forget not committed yet hides (pending_seq: its seq)
-# A committed unit row: hidden at once (and until the commit that reaches it) when a deletion of a later seq is
-# pending, so an older commit applied late cannot show a deleted unit again
-_HIDING = (f"FROM {PENDING_DELETES} d WHERE d.agent_id = ? AND d.unit_id IN (?, '*') AND d.seq > ?")
-# what an upsert of a unit row sets on conflict (its old vector only when its text stays)
-_SET_UNIT_ROW = ("ON CONFLICT (agent_id, node_id) DO UPDATE SET "
-                 + ", ".join(f"{c} = excluded.{c}" for c in (*COLUMNS[2:], "pending_seq"))
-                 + f", vector = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.vector END")
-UPSERT_UNIT = (
-    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT "
-    + ", ".join(f"CASE WHEN EXISTS (SELECT 1 {_HIDING}) THEN '{HIDDEN_KIND}' ELSE ? END" if c == "kind" else "?"
-                for c in COLUMNS)
-    + f", (SELECT MAX(d.seq) {_HIDING}) WHERE true {_SET_UNIT_ROW}"
-    # an update's new text: not the old batch node's (a replacement of that node must not remove it with
-    # the units it dropped)
-    + f", covered_by = CASE WHEN {NODES}.digest = excluded.digest THEN {NODES}.covered_by END"
-    # (the same unit again, e.g. a confirmed provisional row: untouched)
-    + f" WHERE {NODES}.body <> excluded.body OR {NODES}.kind <> excluded.kind"
-)
-# a committed unit whose provisional row holds the same text: the row is renamed (its full-text entry and
-# vector stay), unless the unit's committed row is still there
-PROMOTE = (f"UPDATE {NODES} SET node_id = ?, pending_seq = NULL WHERE agent_id = ? AND node_id = ? AND digest = ? "
-           f"AND pending_seq <= ? AND NOT EXISTS (SELECT 1 FROM {NODES} u WHERE u.agent_id = ? AND u.node_id = ?)")
-COMMITTED_UNIT = f"(kind = '{UNIT_KIND}' AND pending_seq IS NULL) OR kind = '{HIDDEN_KIND}'"  # (shown or hidden)
-# a batch node's units point at it (unless it is replaced already); units of a replaced batch node leave
-COVER = (f"UPDATE {NODES} SET covered_by = ? WHERE agent_id = ? AND node_id = ? AND kind IN ('{UNIT_KIND}', "
-         f"'{HIDDEN_KIND}') AND NOT EXISTS (SELECT 1 FROM {REPLACED} r WHERE r.agent_id = ? AND r.node_id = ?)")
-UNCOVERED = f"DELETE FROM {NODES} WHERE agent_id = ? AND kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND covered_by = ?"
-DELETE_UNIT = f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}')"
-FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND ({COMMITTED_UNIT})"
-# Provisional writes apply only ahead of the agent's committed position: a message the applier has already
-# committed (a slow writer, a zombie attempt) changes nothing
-AHEAD = f"? > COALESCE((SELECT p.batcher_seq FROM {POSITIONS} p WHERE p.agent_id = ?), 0)"
-UPSERT_PENDING = (
-    f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT {', '.join('?' for _ in COLUMNS)}, ? "
-    f"WHERE {AHEAD} {_SET_UNIT_ROW}"
-)
-HIDE_UNIT = (f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND node_id = ? AND "
-             f"kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND {AHEAD}")
-HIDE_UNITS = f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND ({COMMITTED_UNIT}) AND {AHEAD}"
-DROP_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
-                f"AND pending_seq IS NOT NULL AND {AHEAD}")
-DROP_ALL_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND pending_seq IS NOT NULL "
-                    f"AND {AHEAD}")
-PENDING_DELETE = (f"INSERT INTO {PENDING_DELETES} (agent_id, unit_id, seq) SELECT ?, ?, ? WHERE {AHEAD} "
-                  f"ON CONFLICT (agent_id, unit_id) DO UPDATE SET seq = excluded.seq")
-# a commit that reached `seq`: provisional rows and pending deletions up to it are the committed rows' now,
-# and a unit hidden by a deletion the commit did not make is shown again
-UNHIDE = (f"UPDATE {NODES} SET kind = '{UNIT_KIND}', pending_seq = NULL WHERE agent_id = ? AND kind = '{HIDDEN_KIND}' "
-          "AND pending_seq <= ?")
-CONFIRMED_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND pending_seq <= ? AND kind = '{UNIT_KIND}'")
-CONFIRMED_DELETES = f"DELETE FROM {PENDING_DELETES} WHERE agent_id = ? AND seq <= ?"
-PENDING_INDEX = f"CREATE INDEX IF NOT EXISTS {NODES}_pending ON {NODES} (agent_id, pending_seq) WHERE pending_seq IS NOT NULL"
-POSITION = f"SELECT merger_seq, batcher_seq FROM {POSITIONS} WHERE agent_id = ?"
-SET_POSITION = (f"INSERT INTO {POSITIONS} (agent_id, merger_seq, batcher_seq) VALUES (?, ?, ?) ON CONFLICT "
-                "(agent_id) DO UPDATE SET merger_seq = excluded.merger_seq, batcher_seq = excluded.batcher_seq")
-APPLIED_FILE = f"INSERT INTO {APPLIED} (name) VALUES (?) ON CONFLICT DO NOTHING"
 CHILDREN_CACHED_AGENTS = 64  # agents whose nodes' child ids a reader keeps (recall's diversity)
 NO_SEQ = 2**62  # (a unit written outside the log: no pending deletion is of a later seq)
-CURRENT = f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind = 'global' ORDER BY version DESC LIMIT 1"
-NODE = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind NOT IN ('{UNIT_KIND}', '{HIDDEN_KIND}')"
-ALL_OF_AGENT = (f"SELECT body FROM {NODES} WHERE agent_id = ? AND kind NOT IN ('{UNIT_KIND}', '{HIDDEN_KIND}') "
-                "ORDER BY steps, node_id")
-UNITS_OF_AGENT = f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' ORDER BY node_id"
-ROWS_OF_AGENT = f"SELECT count(*) FROM {NODES} WHERE agent_id = ?"
-UNEMBEDDED = f"SELECT node_id, text, digest FROM {NODES} WHERE agent_id = ? AND vector IS NULL AND text <> ''"
-SET_VECTOR = f"UPDATE {NODES} SET vector = ? WHERE agent_id = ? AND node_id = ? AND digest = ?"
-VECTORS_OF_AGENT = f"SELECT node_id, vector FROM {NODES} WHERE agent_id = ? AND vector IS NOT NULL"
-BUMP = (f"INSERT INTO {GENERATIONS} (agent_id, generation) VALUES (?, 1) ON CONFLICT (agent_id) "
-        f"DO UPDATE SET generation = {GENERATIONS}.generation + 1")
-GENERATION = f"SELECT generation FROM {GENERATIONS} WHERE agent_id = ?"
-CREATE_GENERATIONS = f"CREATE TABLE IF NOT EXISTS {GENERATIONS} (agent_id TEXT PRIMARY KEY, generation BIGINT NOT NULL)"
-META_VALUE = f"SELECT value FROM {META} WHERE key = ?"
-SET_META = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
-AGENTS = f"SELECT DISTINCT agent_id FROM {NODES} ORDER BY agent_id"
-HAS_AGENT = f"SELECT 1 FROM {NODES} WHERE agent_id = ? LIMIT 1"
-SCHEMA = f"SELECT value FROM {META} WHERE key = 'schema_version'"
-INIT_META = f"INSERT INTO {META} (key, value) VALUES ('schema_version', '{SCHEMA_VERSION}') ON CONFLICT DO NOTHING"
-
-
-class StoreError(RuntimeError):
-    """The store cannot be used; the message says why."""
-
-
-class StoreNotFound(StoreError):
-    """Nothing (or nothing of ours) at this location yet."""
-
-
-class PositionConflict(StoreError):
-    """Another applier moved an agent's log position meanwhile: nothing was written; read the positions again."""
-
-
-def text_digest(text: str) -> str:
-    return digest_parts((text,))
-
-
-def node_row(node: SummaryNode) -> tuple[Any, ...]:
-    return (node.agent_id, node.node_id, node.kind, node.level, specificity_steps(node.kind, node.level),
-            node.version, node.item_count, node.first_ts, node.last_ts, node.text, node.model_dump_json(),
-            text_digest(node.text))
-
-
-def unit_row(unit: MemoryUnit, prefix: str = UNIT_PREFIX) -> tuple[Any, ...]:
-    return (unit.agent_id, prefix + unit.unit_id, UNIT_KIND, 0, UNIT_STEPS, None, 1, unit.ts, unit.ts,
-            unit.text, unit.model_dump_json(), text_digest(unit.text))
-
-
-def hit(row: tuple[Any, ...], score: float) -> Recalled:
-    """A Recalled from the HIT columns of a row."""
-    key, kind, level, _steps, text, covered_by, first_ts, last_ts = row
-    provisional = key.startswith(PENDING_PREFIX)
-    node_id = key.removeprefix(PENDING_PREFIX if provisional else UNIT_PREFIX) if kind == UNIT_KIND else key
-    return Recalled(node_id=node_id, kind=kind, level=level, text=text, score=float(f"{score:.6g}"),
-                    first_ts=first_ts, last_ts=last_ts, covered_by=covered_by, provisional=provisional)
 
 
 class MemoryStore(ABC):
@@ -239,7 +138,8 @@ class MemoryStore(ABC):
         query must return its rows exactly, else nothing is written (PositionConflict)."""
 
     @abstractmethod
-    def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
+    def _matching(self, agent_id: str, terms: list[str], limit: int, *,
+                  with_vectors: bool = False) -> list[tuple[Any, ...]]:
         """HIT columns of the agent's rows holding any of `terms` (full text): all of them when there are at
         most `limit`, else `limit` of those likely to rank best (by the engine's own rank or cheaper)."""
 
@@ -582,11 +482,16 @@ class MemoryStore(ABC):
         counts = TermCounts(terms)
         rows: dict[str, tuple[Any, ...]] = {}
         try:
-            rows = {row[0]: row for row in self._matching(agent_id, terms, KEYWORD_CANDIDATES)} if mode != "vector" else {}
+            if mode != "vector":
+                matching = self._matching(agent_id, terms, KEYWORD_CANDIDATES, with_vectors=question is not None)
+                rows = {row[0]: row for row in matching}
             for row in rows.values() if question is not None else ():
                 counts.of(row[4])  # (while the question is embedded and searched)
         finally:
-            scores = by_meaning(rows) if by_meaning is not None else {}
+            scores, nearest_rows = by_meaning(rows) if by_meaning is not None else ({}, {})
+        rows = {key: row[:HIT_WIDTH] for key, row in rows.items()}  # (a keyword row read with its vector)
+        for key, row in nearest_rows.items():
+            rows.setdefault(key, row)
         missing = [key for key in sorted(scores, key=lambda key: -scores[key])[:VECTOR_CANDIDATES] if key not in rows]
         if missing:
             sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
@@ -601,10 +506,12 @@ class MemoryStore(ABC):
         generation = self._generation(agent_id)
         total = self._vector_cache.rows(agent_id, generation,
                                         lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
-        candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key)) for key, row in rows.items()]
+        candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key))
+                      for key, row in rows.items()]
         weight = self.diversity if diversity is None else diversity
         if weight <= 0:
-            return [hit(rows[c.key], score) for c, score in rank(terms, candidates, total, k, mode, fusion, counts=counts)]
+            ranked = rank(terms, candidates, total, k, mode, fusion, counts=counts)
+            return [hit(rows[c.key], score) for c, score in ranked]
         ranked = rank(terms, candidates, total, k * WINDOW, mode, fusion, counts=counts)
         hits = [hit(rows[c.key], score) for c, score in ranked]
         by_id = {h.node_id: h for h in hits}
@@ -640,32 +547,25 @@ class MemoryStore(ABC):
             cached.update({n: found.get(n, []) for n in missing})
         return {n: cached[n] for n in node_ids}
 
-    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[[Iterable[str]], dict[str, float]]:
+    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[
+            [Mapping[str, tuple[Any, ...]]], tuple[dict[str, float], dict[str, tuple[Any, ...]]]]:
         """Cosines of the agent's nearest rows, searched exactly on its cached matrix (store/vectors.py) in a
         thread while the caller searches by keyword; the result, given the keyword rows, adds their cosines and
-        waits for the search (or raises what it raised). The caller calls it, also on errors."""
+        waits for the search (or raises what it raised), with the HIT rows it found that the caller lacks (none
+        here: the caller reads them). The caller calls it, also on errors."""
         self._vector_cache = self._vector_cache or VectorCache()
         vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),
                                              lambda agent: self._fetch(self._sql(VECTORS_OF_AGENT), (agent,)))
-        found: list[tuple[Any, list[int]]] = []
-        failed: list[BaseException] = []
 
-        def search() -> None:
-            try:
-                vector = question()
-                found.append((vector, nearest(vectors, vector, VECTOR_CANDIDATES)))
-            except BaseException as exc:  # re-raised in the caller's thread
-                failed.append(exc)
+        def search() -> tuple[Any, list[int]]:
+            vector = question()
+            return vector, nearest(vectors, vector, VECTOR_CANDIDATES)
 
-        thread = threading.Thread(target=search, name="recall-by-meaning", daemon=True)
-        thread.start()
+        found = meanwhile(search, name="recall-by-meaning")
 
-        def result(also: Iterable[str]) -> dict[str, float]:
-            thread.join()
-            if failed:
-                raise failed[0]
-            vector, rows = found[0]
-            return cosines(vectors, vector, rows, also)
+        def result(rows: Mapping[str, tuple[Any, ...]]) -> tuple[dict[str, float], dict[str, tuple[Any, ...]]]:
+            vector, near = found()
+            return cosines(vectors, vector, near, rows), {}
 
         return result
 
@@ -674,22 +574,3 @@ class MemoryStore(ABC):
 
     def __exit__(self, *_exc: Any) -> None:
         self.close()
-
-
-def open_store(location: str, *, create: bool = False, embedder: Embedder | None = None) -> MemoryStore:
-    """The store at `location`: a postgresql:// (or postgres://) URL, else a SQLite file path.
-
-    Readers open an existing store (StoreNotFound otherwise); the job's sink passes `create=True`, which
-    creates the file or the tables when missing. With an `embedder` (flink_memory.embeddings), writes embed
-    their rows and recall ranks by meaning too."""
-    store: MemoryStore
-    if is_postgres(location):
-        from flink_memory.store.postgres import PostgresStore
-
-        store = PostgresStore(location, create=create)
-    else:
-        from flink_memory.store.sqlite import SqliteStore
-
-        store = SqliteStore(location, create=create)
-    store.embedder = embedder
-    return store

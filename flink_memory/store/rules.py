@@ -45,6 +45,18 @@ other some such no nor not only own same so than too very s t can will just don 
 _WORD = re.compile(r"[^\W_]+")
 
 
+class StoreError(RuntimeError):
+    """The store cannot be used; the message says why."""
+
+
+class StoreNotFound(StoreError):
+    """Nothing (or nothing of ours) at this location yet."""
+
+
+class PositionConflict(StoreError):
+    """Another applier moved an agent's log position meanwhile: nothing was written; read the positions again."""
+
+
 class Recalled(BaseModel):
     """One recall hit and its score (higher is better): a live node (`kind` batch | merge | global), or a
     memory unit (`kind` unit, level 0: `node_id` is the unit id, `covered_by` the batch node that holds it,

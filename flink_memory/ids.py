@@ -1,10 +1,14 @@
-"""Node ids: the one place that spells, formats and parses the id of a summary node.
+"""Ids of what the memory holds, spelled, formatted and parsed in one place: a summary node's and a memory unit's.
 
-A batch node is `batch-000007` (its batch number), a merge node `merge-L2-000003` (its level, then its number
-on that level), a global node `global-v000012` (its version). A batch or merge made again after a change is a
+Node ids: a batch node is `batch-000007` (its batch number), a merge node `merge-L2-000003` (its level, then its
+number on that level), a global node `global-v000012` (its version). A batch or merge made again after a change is a
 revision of the same base id, `batch-000007-r1`, `merge-L2-000003-r2`; a global is never revised (each new
 global is a new version). Numbers are zero-padded to six digits and grow past them. Ids live in checkpoints,
 changelogs and stores, so these formats never change: every id ever written parses back to the same text.
+
+Unit ids: a memory unit is named after its input record (`id`), or `<id>#<n>` for part n of a record the
+job cut into parts (a conversation's chunks, a long item's pieces). A record id therefore never ends in `#` and
+digits (records.py refuses it), so every unit id names exactly one record.
 """
 
 from __future__ import annotations
@@ -86,3 +90,31 @@ class NodeId:
     def next_revision(self) -> NodeId:
         """The revision that replaces this one when its node is made again."""
         return self.revised(self.revision + 1)
+
+
+_PART = re.compile(r"(?P<record>.*)#(?P<part>[0-9]+)")
+# A record id as JSON Schema's pattern (the service's OpenAPI document; records.py decides): not blank, no control
+# characters, not ending in '#' and digits
+RECORD_ID_PATTERN = (r"^(?:[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f0-9]|[^\x00-\x1f\x7f]*[^\s\x00-\x1f\x7f#0-9][0-9]+"
+                     r"|[0-9]+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class UnitId:
+    """A parsed unit id; `str()` formats it. `part` is None for the unit that is a whole record."""
+
+    record: str
+    part: int | None = None
+
+    @classmethod
+    def parse(cls, text: str) -> UnitId:
+        match = _PART.fullmatch(text)
+        return cls(match["record"], int(match["part"])) if match is not None else cls(text)
+
+    @staticmethod
+    def names_a_part(record_id: str) -> bool:
+        """True for an id that would name part of another record (it ends in '#' and digits)."""
+        return _PART.fullmatch(record_id) is not None
+
+    def __str__(self) -> str:
+        return self.record if self.part is None else f"{self.record}#{self.part}"

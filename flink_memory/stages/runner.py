@@ -1,0 +1,46 @@
+"""What a runner does with one activation's effects, written once for every runner: the Flink shell
+(flink_memory.flink.operators) and the in-memory runner (flink_memory.local).
+
+A runner starts the calls a core asks for, lets the pool forget the results it consumed, wakes the key when its
+calls should be done or its deadline is due, and sends each output on its channel: the stage's records to the
+next stage (the last stage's out of the job), dead letters, and the side channels of flink_memory.topology.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from flink_memory.requests import ChatRequest
+from flink_memory.stages.calls import Effects
+
+RECORDS = "records"  # the stage's records, for the next stage
+DEAD_LETTERS = "dead-letters"
+
+
+class Runner(Protocol):
+    def start(self, requests: list[ChatRequest]) -> None:
+        """Submit calls (idempotent by request digest)."""
+
+    def forget(self, digests: list[str]) -> None:
+        """Results the core consumed: the pool may drop them."""
+
+    def wake(self, key: str, effects: Effects) -> None:
+        """Set the key's wake-ups: when its calls should be done, its next deadline, its housekeeping."""
+
+    def emit(self, key: str, channel: str, payload: str) -> None:
+        """Send one output of the key on `channel` (RECORDS, DEAD_LETTERS or a side channel)."""
+
+
+def carry_out(runner: Runner, key: str, effects: Effects) -> None:
+    """Carry out one activation's effects. Side channels and dead letters go before the records: a runner that
+    hands records straight to the next stage (the in-memory one) then keeps each channel in the order written."""
+    runner.start(effects.start)
+    runner.forget(effects.consumed)
+    runner.wake(key, effects)
+    for channel, payloads in effects.side.items():
+        for payload in payloads:
+            runner.emit(key, channel, payload)
+    for dead in effects.dead_letters:
+        runner.emit(key, DEAD_LETTERS, dead.model_dump_json())
+    for payload in effects.out:
+        runner.emit(key, RECORDS, payload)

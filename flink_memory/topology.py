@@ -1,0 +1,77 @@
+"""The pipeline as data: its keyed stages in order, each with its core, operator, state migration and channels.
+
+The Flink wiring (flink_memory.flink.pipeline), the in-memory runner (flink_memory.local), the drills of
+`job.inject_failure` and the driver (given each stage's migration) all read `STAGES`: adding a stage is one entry
+here and its core. A stage takes the records of the one before (the first: parsed input records, keyed by agent)
+and sends its records to the next (the last: summary nodes out of the job); besides records and dead letters, a
+stage may send on side channels (`CHANNELS`), which the job unions across the stages that declare them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flink_memory import migrations
+from flink_memory.config import Config, ConfigError
+from flink_memory.migrations import Migration
+from flink_memory.stages.batcher import BatcherCore
+from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG
+from flink_memory.stages.merger import MergerCore
+from flink_memory.stages.planner import PlannerCore
+from flink_memory.stages.protocol import CoreFactory
+
+# What the side channels carry, by name: each is an output of the job
+CHANNELS = {
+    MANIFESTS: "chunk manifests (text-free plans of the conversations cut into units)",
+    MEMORY_LOG: "the store's log: every node and unit-row message, numbered per agent and writer",
+}
+CALL_DRILL = "call"  # job.inject_failure "call:n:marker": the n-th fresh LLM result (not a stage)
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """One keyed stage. `name` is its name in logs, metrics, dead-letter reasons and `job.inject_failure`;
+    `label` its Flink operator's name; `uid` its operator uid, part of the savepoint contract (never changed
+    without a migration note; thread mode adds a suffix, see `uid_for`)."""
+
+    name: str
+    label: str
+    uid: str
+    core: CoreFactory
+    migration: Migration | None = None  # how state of release 0.1.0 becomes the current layout
+    channels: tuple[str, ...] = ()  # the side channels it sends on (CHANNELS)
+
+    def uid_for(self, execution_mode: str) -> str:
+        """PyFlink keeps keyed state in another layout in thread mode than in process mode, so a checkpoint
+        restores only in the mode that wrote it; distinct uids make a restore in the other mode fail loudly
+        (Flink refuses unclaimed state) instead of starting with empty state."""
+        return self.uid if execution_mode == "process" else f"{self.uid}-thread"
+
+
+STAGES: tuple[StageSpec, ...] = (
+    StageSpec("planner", "chunk-planner", "flink-memory-chunk-planner", PlannerCore, migrations.PLANNER,
+              channels=(MANIFESTS,)),
+    StageSpec("batcher", "batch-summaries", "flink-memory-batcher", BatcherCore, migrations.BATCHER,
+              channels=(MEMORY_LOG,)),
+    StageSpec("merger", "hierarchical-merger", "flink-memory-merger", MergerCore, migrations.MERGER,
+              channels=(MEMORY_LOG,)),
+)
+
+
+def stage_named(name: str) -> StageSpec:
+    for spec in STAGES:
+        if spec.name == name:
+            return spec
+    raise KeyError(f"no stage {name!r} (stages: {', '.join(s.name for s in STAGES)})")
+
+
+def check_drill(config: Config) -> None:
+    """`job.inject_failure` names a stage of STAGES (or the calls); ConfigError otherwise."""
+    spec = config.job.inject_failure
+    if not spec or spec.startswith("record:"):
+        return
+    name = spec.split(":", 1)[0]
+    known = [s.name for s in STAGES]
+    if name not in known and not (name == CALL_DRILL and spec.split(":", 2)[1] != "after"):
+        raise ConfigError(f"job.inject_failure: {name!r} is no stage of the job ({', '.join(known)}, or "
+                          f"{CALL_DRILL}:n:marker for the n-th fresh LLM result)")
