@@ -21,29 +21,40 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flink_memory.llm.embedded import start_local_model
+
 from flink_memory.agents.example import RememberingAgent, decide
 from flink_memory.agents.pipeline import add_agent_memory
 from flink_memory.cli.run import Applier
 from flink_memory.config import load_config
 from flink_memory.flink.pipeline import create_environment, file_sink, file_source
-from flink_memory.llm.embedded import start_local_model
 from flink_memory.store import open_store
 
 TURNS = [
-    {"agent_id": "ana", "id": "t1", "ts": "2026-03-02T09:00:00Z", "text": "Hi!"},
-    {"agent_id": "ana", "id": "t2", "ts": "2026-03-02T09:01:00Z", "text": "My daughter Lea starts school in Porto in September."},
-    {"agent_id": "ana", "id": "t3", "ts": "2026-03-02T09:02:00Z", "text": "I am allergic to peanuts and to shellfish."},
-    {"agent_id": "ana", "id": "t4", "ts": "2026-03-02T09:03:00Z", "text": "Thanks, that helps."},
-    {"agent_id": "ana", "id": "t5", "ts": "2026-03-02T09:04:00Z", "text": "Our team meeting moved to Thursdays at 10:30."},
-    {"agent_id": "ben", "id": "t1", "ts": "2026-03-02T10:00:00Z", "text": "I drive a blue Volvo from 2019."},
-    {"agent_id": "ben", "id": "t2", "ts": "2026-03-02T10:01:00Z", "text": "ok"},
-    {"agent_id": "ben", "id": "t3", "ts": "2026-03-02T10:02:00Z", "text": "My landlord Mr. Okafor raised the rent to 1,200 EUR."},
-    {"agent_id": "ben", "id": "t4", "ts": "2026-03-02T10:03:00Z", "text": "I run the Berlin half marathon on April 5."},
+    {"agent_id": "ana", "id": "t1", "ts": "2026-03-02T09:00:00Z",
+     "text": "Hi!"},
+    {"agent_id": "ana", "id": "t2", "ts": "2026-03-02T09:01:00Z",
+     "text": "My daughter Lea starts school in Porto in September."},
+    {"agent_id": "ana", "id": "t3", "ts": "2026-03-02T09:02:00Z",
+     "text": "I am allergic to peanuts and to shellfish."},
+    {"agent_id": "ana", "id": "t4", "ts": "2026-03-02T09:03:00Z",
+     "text": "Thanks, that helps."},
+    {"agent_id": "ana", "id": "t5", "ts": "2026-03-02T09:04:00Z",
+     "text": "Our team meeting moved to Thursdays at 10:30."},
+    {"agent_id": "ben", "id": "t1", "ts": "2026-03-02T10:00:00Z",
+     "text": "I drive a blue Volvo from 2019."},
+    {"agent_id": "ben", "id": "t2", "ts": "2026-03-02T10:01:00Z",
+     "text": "ok"},
+    {"agent_id": "ben", "id": "t3", "ts": "2026-03-02T10:02:00Z",
+     "text": "My landlord Mr. Okafor raised the rent to 1,200 EUR."},
+    {"agent_id": "ben", "id": "t4", "ts": "2026-03-02T10:03:00Z",
+     "text": "I run the Berlin half marathon on April 5."},
 ]
 QUESTIONS = [
     {"agent_id": "ana", "id": "q1", "text": "Which foods must I avoid?"},
     {"agent_id": "ben", "id": "q1", "text": "Which car do I drive?"},
-    {"agent_id": "ben", "id": "q2", "text": "Which foods must I avoid?"},  # ana's, not ben's: nothing of hers comes back
+    # ana's question, asked by ben: nothing of hers comes back
+    {"agent_id": "ben", "id": "q2", "text": "Which foods must I avoid?"},
 ]
 SETTINGS = ["batching.max_items=2", "batching.flush_after_s=2", "summarization.global_refresh_s=2",
             "checkpointing.interval_s=2", "llm.max_output_tokens=120", "journal.path=null", "job.parallelism=1"]

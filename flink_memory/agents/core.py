@@ -90,7 +90,8 @@ def memory_record(agent_id: str, text: str | None = None, *, id: str | None = No
     refused here with the job's reason. Without `id`, one from the content (content_id); the same id with
 other content is an update."""
     check_agent_id(agent_id, "memory_record")
-    record: dict[str, Any] = {AGENT_FIELD: agent_id, "id": id if id is not None else content_id(agent_id, text, messages)}
+    record_id = id if id is not None else content_id(agent_id, text, messages)
+    record: dict[str, Any] = {AGENT_FIELD: agent_id, "id": record_id}
     if ts is not None:
         record["ts"] = ts
     if metadata is not None:

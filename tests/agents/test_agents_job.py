@@ -50,8 +50,8 @@ QUESTIONS = {"ana": "Which foods am I allergic to?", "ben": "Which car do I driv
 
 
 class TestedAgent(Agent):
-    """RememberingAgent's action that also asks the service's MCP `recall` tool (the MCP door, its key in a file) for each
-    question, and whose action fails once on the turn that carries a `fail_once` marker path (the agent's own
+    """RememberingAgent's action that also asks the service's MCP `recall` tool (the MCP door, its key in a
+    file) for each question, and fails once on the turn that carries a `fail_once` marker path (the agent's own
     operator fails, after it handed on, and checkpointed, the records of the turns before)."""
 
     def __init__(self, store, endpoint, key_file):
