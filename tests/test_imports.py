@@ -17,8 +17,11 @@ from importlib.util import find_spec
 from pathlib import Path
 
 FORBIDDEN = ("openai", "httpx", "pyflink")
-# the I/O edges, free to import them: the LLM client and servers, the Flink shell, the command line
-EDGES = ("flink_memory.llm", "flink_memory.flink", "flink_memory.cli")
+# the I/O edges, free to import them: the LLM client and servers, the Flink shell, the command line, the Flink
+# Agents shell (flink-agents imports pyflink and httpx; it installs in its own environment: docs/flink-agents.md)
+EDGES = ("flink_memory.llm", "flink_memory.flink", "flink_memory.cli", "flink_memory.agents.vector_store",
+         "flink_memory.agents.actions", "flink_memory.agents.example", "flink_memory.agents.mcp",
+         "flink_memory.agents.pipeline")
 
 # Imports one module and prints, for each forbidden package it loaded, the flink_memory lines on the stack
 # when that package was first looked up (the import chain to move).
@@ -74,7 +77,8 @@ def import_alone(module: str, env: dict[str, str]) -> tuple[str, str | None]:
 def test_core_modules_load_no_io_sdk():
     root = package_root()
     modules = core_modules(root)
-    assert {"flink_memory.budgets", "flink_memory.stages.batcher", "flink_memory.tokens.counter"} <= set(modules)
+    assert {"flink_memory.budgets", "flink_memory.stages.batcher", "flink_memory.tokens.counter",
+            "flink_memory.agents.core", "flink_memory.agents.memory"} <= set(modules)
     env = dict(os.environ)  # the child imports the same flink_memory as this process
     env["PYTHONPATH"] = os.pathsep.join([str(root.parent), *filter(None, [env.get("PYTHONPATH")])])
     with ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2)) as pool:

@@ -65,6 +65,10 @@ class Unavailable(ServiceError):
     status = 503
 
 
+class NotCreated(Unavailable):
+    """The store does not exist yet: the job creates it when it first writes (no agent has memory yet)."""
+
+
 class Grant(Protocol):
     def allows(self, agent_id: str) -> bool: ...
 
@@ -98,7 +102,7 @@ class MemoryService:
             with self._pool.lend() as store:
                 yield store
         except StoreNotFound as exc:
-            raise Unavailable(f"{exc} yet: the job creates it when it first writes") from None
+            raise NotCreated(f"{exc} yet: the job creates it when it first writes") from None
         except PoolBusy as exc:
             raise Unavailable(str(exc)) from None
         except StoreError as exc:
