@@ -36,9 +36,8 @@ NEAREST = (f"SELECT {HIT}, vector FROM {NODES} WHERE agent_id = %s AND vector IS
 # the same order on the column itself, which the index (on the cast to the dimension) does not serve
 EXACT = (f"SELECT {HIT}, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL "
          "ORDER BY vector <#> %s::vector LIMIT %s")
-COUNT_AND_BUCKET = (f"SELECT (SELECT count(*) FROM (SELECT 1 FROM {NODES} WHERE agent_id = %s LIMIT %s) r), "
-                    f"{BUCKET.replace('agent_id', '%s::text')}")
-SIZE_KNOWN_S = 60.0  # how long a reader trusts an agent's size class (small: searched exactly) and bucket
+COUNT_UP_TO = f"SELECT count(*) FROM (SELECT 1 FROM {NODES} WHERE agent_id = %s LIMIT %s) r"
+SIZE_KNOWN_S = 60.0  # how long a reader trusts an agent's size class (small: searched exactly)
 EXACT_BELOW = 5000  # an agent with fewer rows is searched exactly (measured: docs/benchmarks.md)
 # candidates of an index scan: at 1 000 000 rows (an agent of 100 000) 160 finds 90% of the exact top 5 of the
 # static model's vectors in 6.5 ms (98% of e5's), 400 finds 94% in 12 ms, 1 000 99% in 23 ms (docs/benchmarks.md)
@@ -129,15 +128,14 @@ class Vectors:
         numbers = tuple(int(p) for p in version[0].split(".")[:2]) if version else (0, 0)
         return cls(extension=True, iterative=numbers >= (0, 8))
 
-    def nearest(self, conn: Any, agent_id: str, question: Any, nearest: int, size: tuple[int, int]) -> Found:
+    def nearest(self, conn: Any, agent_id: str, question: Any, nearest: int, rows: int, bucket: int) -> Found:
         """The agent's `nearest` rows closest to the (unit) question, on a connection with the search's session
-        settings (`settings`); `size`: the agent's rows up to EXACT_BELOW and its bucket (`size_of`).
+        settings (`settings`); `rows`: the agent's rows up to EXACT_BELOW (`rows_of`), `bucket` its bucket.
 
         An agent with fewer than EXACT_BELOW rows is searched exactly (its rows by the primary key, sorted);
         a larger one by its bucket's HNSW index, and exactly after all when the index scan stopped short of
         `nearest` rows of the agent (its share of the bucket too small for the scan's bounds)."""
         dim, vector = len(question), text(question)
-        rows, bucket = size
         found: Found = []
         if rows >= EXACT_BELOW:
             found = conn.cursor(binary=True).execute(NEAREST.format(dim=dim, bucket=int(bucket)),
@@ -147,10 +145,9 @@ class Vectors:
         return found
 
     @staticmethod
-    def size_of(conn: Any, agent_id: str) -> tuple[int, int]:
-        """The agent's rows (counted up to EXACT_BELOW) and its bucket."""
-        rows, bucket = conn.execute(COUNT_AND_BUCKET, (agent_id, EXACT_BELOW, agent_id), prepare=False).fetchone()
-        return int(rows), int(bucket)
+    def rows_of(conn: Any, agent_id: str) -> int:
+        """The agent's rows, counted up to EXACT_BELOW."""
+        return int(conn.execute(COUNT_UP_TO, (agent_id, EXACT_BELOW), prepare=False).fetchone()[0])
 
     def of_rows(self, conn: Any, agent_id: str, keys: list[str]) -> Found:
         """The vectors of the agent's rows `keys` (those of them with one), as (key, vector) rows."""

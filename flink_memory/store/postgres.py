@@ -91,7 +91,7 @@ class PostgresStore(MemoryStore):
         self._search_db: PostgresConnection | None = None  # (recall's search by meaning, opened at its first)
         self._terms: dict[str, tuple[bool, float]] = {}  # term -> (common, when it was asked)
         self._buckets: dict[str, int] = {}  # agent -> its bucket
-        self._sizes: dict[str, tuple[tuple[int, int], float]] = {}  # agent -> (rows up to EXACT_BELOW, bucket)
+        self._sizes: dict[str, tuple[int, float]] = {}  # agent -> (its rows up to EXACT_BELOW, when counted)
         try:
             if create:
                 self._db.run(self._create_schema)
@@ -249,11 +249,12 @@ class PostgresStore(MemoryStore):
                 self._db.url, setting="store.url", application_name="flink-memory recall by meaning",
                 setup=lambda conn: [conn.execute(setting) for setting in settings])
         search_db = self._search_db
+        bucket = self._bucket_of(agent_id)  # (remembered after an agent's first recall)
 
         def search() -> tuple[Any, pgvector.Found]:
             vector = question()
             return vector, self._reach(search_db, lambda conn: self.vectors.nearest(
-                conn, agent_id, vector, VECTOR_CANDIDATES, self._size_of(conn, agent_id)))
+                conn, agent_id, vector, VECTOR_CANDIDATES, self._rows_of(conn, agent_id), bucket))
 
         searched = meanwhile(search, name="recall-by-meaning")
 
@@ -268,15 +269,16 @@ class PostgresStore(MemoryStore):
 
         return result
 
-    def _size_of(self, conn: Any, agent_id: str) -> tuple[int, int]:
-        """The agent's size class and bucket (pgvector.Vectors.size_of), asked again after SIZE_KNOWN_S: an
-        agent that grew past EXACT_BELOW meanwhile is still searched exactly, one that shrank falls back to it."""
+    def _rows_of(self, conn: Any, agent_id: str) -> int:
+        """The agent's rows up to EXACT_BELOW (its size class: pgvector.Vectors.rows_of), counted again after
+        SIZE_KNOWN_S: an agent that grew past EXACT_BELOW meanwhile is still searched exactly, one that shrank
+        falls back to it."""
         known = self._sizes.get(agent_id)
         now = time.monotonic()
         if known is None or now - known[1] >= pgvector.SIZE_KNOWN_S:
             if len(self._sizes) > TERMS_KEPT:
                 self._sizes.clear()
-            known = (self.vectors.size_of(conn, agent_id), now)
+            known = (self.vectors.rows_of(conn, agent_id), now)
             self._sizes[agent_id] = known
         return known[0]
 
