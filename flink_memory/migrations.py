@@ -1,34 +1,70 @@
-"""Keyed state of release 0.1.0, moved into the current layout: every migration in one place.
+"""Keyed state of release 0.1.0, moved into the current layout: every conversion of an older release in one place.
 
 Release 0.1.0 kept each stage as a few `{"v": 1, "d": ...}` envelopes in value states, and two maps held
 bare strings. A stage core knows only the current layout: the topology (flink_memory.topology) names each
-stage's `Migration` and the driver runs it on each key it loads, before the core sees the state. Its `migrate`
-reads the old value states through `StateTransaction.legacy` (a backend that remembers which keys have none
-answers without reading, so the per-record cost is a set lookup) and clears them once moved; old map entries
-are converted as they are read (`StateSchema.legacy_entries`), since finding them all would read every entry of
-the key.
+stage's migration and the driver runs it on each key it loads, before the core sees the state. It reads the
+old value states as text (a key without one costs a cached read in the Flink shell) and clears them once
+moved; old map entries are converted as they are read (`BareEntries`), since finding them all would read
+every entry of the key.
+
+Release 0.1.0 checkpoints and savepoints are read by every 0.x release; 1.0 drops this module's release 0.1.0
+part (docs/recovery.md#versioned-state).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from flink_memory.chunking.plans import PlanJob, prepare
 from flink_memory.ids import NodeId, UnitId
 from flink_memory.records import Conversation, MemoryUnit, SummaryNode, record_from_json
-from flink_memory.stages import batcher, merger, planner
-from flink_memory.state import (
-    LEGACY_VERSION,
-    STATE_VERSION,
-    Migration,
-    StateTransaction,
-    StateVersionError,
-    seq_key,
-)
+from flink_memory.stages import batcher_state as batcher
+from flink_memory.stages import merger_state as merger
+from flink_memory.stages import planner_state as planner
+from flink_memory.state import STATE_VERSION, StateSchema, StateTransaction, StateVersionError, Stored, seq_key
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
+
+LEGACY_VERSION = 1  # the layout release 0.1.0 wrote
+
+
+@dataclass(frozen=True)
+class BareEntries:
+    """A map whose entries release 0.1.0 kept as bare strings: those are converted as they are read, the
+    others are read as the current layout stores them."""
+
+    stored: Stored
+    convert: Callable[[str], Any]
+
+    def load(self, raw: str) -> Any:
+        return self.stored.load(raw) if raw.startswith('{"v":') else self.convert(raw)
+
+    def dump(self, value: Any) -> str:
+        return self.stored.dump(value)
+
+
+@dataclass(frozen=True)
+class Release010:
+    """How one stage's release 0.1.0 state becomes the current layout (a `flink_memory.state.Migration`)."""
+
+    move: Callable[[Any, StateTransaction], None]  # (core, state): moves the old values, clears them
+    values: tuple[str, ...] = ()  # the old value states, read as text
+    entries: Mapping[str, Callable[[str], Any]] = field(default_factory=dict)  # map -> a bare string's reader
+
+    def schema(self, current: StateSchema) -> StateSchema:
+        maps = dict(current.maps)
+        for name, convert in self.entries.items():
+            stored = current.maps[name]
+            assert stored is not None  # (a map of raw text has no older entries to convert)
+            maps[name] = BareEntries(stored, convert)
+        return StateSchema(values={**current.values, **dict.fromkeys(self.values)}, maps=maps)
+
+    def migrate(self, core: Any, state: StateTransaction) -> None:
+        self.move(core, state)
 
 
 def encode_state(data: Any) -> str:
@@ -73,9 +109,10 @@ def plan_entry(raw: str) -> planner.PlanEntry:
     return planner.PlanEntry(manifest=raw)
 
 
-def migrate_planner(core: planner.PlannerCore, state: StateTransaction) -> None:
-    """The queue was one list of the same fields: its records go to the end of the queue map."""
-    raw = state.legacy(LEGACY_QUEUE)
+def migrate_planner(core: Any, state: StateTransaction) -> None:
+    """The queue was one list of the same fields: its records go to the end of the queue map (`core`: the
+    planner's, which seals a plan in progress)."""
+    raw = state.get(LEGACY_QUEUE, str)
     if raw is None:
         return
     head = state.get(planner.HEAD, planner.QueueHead) or planner.QueueHead()
@@ -89,16 +126,16 @@ def migrate_planner(core: planner.PlannerCore, state: StateTransaction) -> None:
         head.next += 1
     if entries:
         state.set(planner.HEAD, head)
-    state.clear_legacy(LEGACY_QUEUE)
+    state.set(LEGACY_QUEUE, None)
 
 # --- the batcher --------------------------------------------------------------------------------------------
 
 LEGACY_BUFFER, LEGACY_PENDING = "buffer", "pending"
 
 
-def migrate_batcher(core: batcher.BatcherCore, state: StateTransaction) -> None:
+def migrate_batcher(core: Any, state: StateTransaction) -> None:
     """The buffer and the pending batches were two JSON values: they move into the maps."""
-    old_buffer, old_pending = state.legacy(LEGACY_BUFFER), state.legacy(LEGACY_PENDING)
+    old_buffer, old_pending = state.get(LEGACY_BUFFER, str), state.get(LEGACY_PENDING, str)
     if old_buffer is not None:
         buffer = state.get(batcher.BUFFER, BatchBuffer) or BatchBuffer()
         data = decode_state(old_buffer, None) or {}
@@ -110,7 +147,7 @@ def migrate_batcher(core: batcher.BatcherCore, state: StateTransaction) -> None:
             buffer.last = unit_entry(unit)
         buffer.tokens = int(data.get("tokens", 0))
         buffer.opened_at_ms = data.get("opened_at_ms")
-        state.clear_legacy(LEGACY_BUFFER)
+        state.set(LEGACY_BUFFER, None)
         state.set(batcher.BUFFER, buffer)
     if old_pending is not None:
         meta = state.get(batcher.META, batcher.BatcherMeta) or batcher.BatcherMeta()
@@ -126,7 +163,7 @@ def migrate_batcher(core: batcher.BatcherCore, state: StateTransaction) -> None:
                 seq=int(old["seq"]), units=units, first_ts=stamps[0] if stamps else None,
                 last_ts=stamps[-1] if stamps else None, job=ReduceJob.model_validate(old["job"]),
                 text=old.get("text")))
-        state.clear_legacy(LEGACY_PENDING)
+        state.set(LEGACY_PENDING, None)
         state.set(batcher.META, meta)
 
 
@@ -141,9 +178,9 @@ def _parent_job(data: dict) -> merger.ParentJob:
                             children=children, job=ReduceJob.model_validate(data["job"]))
 
 
-def migrate_merger(core: merger.MergerCore, state: StateTransaction) -> None:
+def migrate_merger(core: Any, state: StateTransaction) -> None:
     """The tree (with node texts) and the running jobs were two JSON values."""
-    old_tree, old_jobs = state.legacy(LEGACY_TREE), state.legacy(LEGACY_JOBS)
+    old_tree, old_jobs = state.get(LEGACY_TREE, str), state.get(LEGACY_JOBS, str)
     if old_tree is not None:
         tree = state.get(merger.TREE, SummaryTree) or SummaryTree()
         data = decode_state(old_tree, None) or {}
@@ -160,9 +197,10 @@ def migrate_merger(core: merger.MergerCore, state: StateTransaction) -> None:
             tree.restore_level(slots)
         tree.unwritten = []  # (merged batches were dropped from that tree: they were all written)
         tree.merges_per_level = list(data.get("merges_per_level", []))
-        tree.global_version = tree.legacy_globals = int(data.get("global_version", 0))
+        # its globals named no predecessor: the next global (or a forget) replaces all of them
+        tree.global_version = tree.unchained_globals = int(data.get("global_version", 0))
         tree.global_children = list(data.get("global_children", []))
-        state.clear_legacy(LEGACY_TREE)
+        state.set(LEGACY_TREE, None)
         state.set(merger.TREE, tree)
     if old_jobs is not None:
         schedule = state.get(merger.SCHEDULE, merger.MergerSchedule) or merger.MergerSchedule()
@@ -175,10 +213,10 @@ def migrate_merger(core: merger.MergerCore, state: StateTransaction) -> None:
                 str(NodeId.global_summary(n)) for n in range(1, job.version or 0)]}))
         schedule.last_global_ms = data.get("last_global_ms") or None
         schedule.first_node_ms = schedule.last_global_ms
-        state.clear_legacy(LEGACY_JOBS)
+        state.set(LEGACY_JOBS, None)
         state.set(merger.SCHEDULE, schedule)
 
 
-PLANNER = Migration(migrate_planner, (LEGACY_QUEUE,), {planner.SOURCES: source_entry, planner.PLANS: plan_entry})
-BATCHER = Migration(migrate_batcher, (LEGACY_BUFFER, LEGACY_PENDING))
-MERGER = Migration(migrate_merger, (LEGACY_TREE, LEGACY_JOBS))
+PLANNER = Release010(migrate_planner, (LEGACY_QUEUE,), {planner.SOURCES: source_entry, planner.PLANS: plan_entry})
+BATCHER = Release010(migrate_batcher, (LEGACY_BUFFER, LEGACY_PENDING))
+MERGER = Release010(migrate_merger, (LEGACY_TREE, LEGACY_JOBS))

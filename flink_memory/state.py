@@ -1,44 +1,144 @@
-"""Typed keyed state: versioned pydantic models in named value and map states, behind one small interface.
+"""Typed keyed state: versioned stored models in named value and map states, behind one small interface.
 
-Every stage declares its states in a `StateSchema` (name -> model, value or map). The Flink shell maps each
-name to a PyFlink ValueState or MapState of JSON text; tests use `MemoryState`. Both go through
-`StateTransaction`, which reads through, keeps writes until the activation succeeded, and commits them at
-once: an activation that raises leaves the key's state as it found it.
+Every stage declares its states in a `StateSchema` (name -> stored model, value or map). A stored model
+(`StateModel`) is the checkpoint layout only: plain data that converts field by field to the domain object
+the core works with and back, so a domain type can change while checkpoints keep their names. The Flink
+shell maps each name to a PyFlink ValueState or MapState of JSON text; tests use `MemoryState`. Both go
+through `StateTransaction`, which reads through, keeps writes until the activation succeeded, and commits
+them at once: an activation that raises leaves the key's state as it found it.
 
-Layouts: version 2 is one JSON object per model with `"v": 2`. Version 1 is moved into it by
-`flink_memory.migrations` (through `legacy` and `legacy_entries`); any other version is refused with a
-clear reason.
+Layouts: version 2 is one JSON object per model with `"v": 2`. An older layout is moved into it by the
+stage's `Migration` (flink_memory.migrations), which the topology hands to the driver; any other version is
+refused with a clear reason.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, TypeVar
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Protocol, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 STATE_VERSION = 2
-LEGACY_VERSION = 1
 
 M = TypeVar("M", bound=BaseModel)
-_CURRENT = f'{{"v":{STATE_VERSION},'  # how dump_model starts every value it writes
+_CURRENT = f'{{"v":{STATE_VERSION},'  # how every stored value this layout writes starts
 
 
 class StateVersionError(RuntimeError):
     """Stored operator state this release cannot read (another release's layout, or not our envelope)."""
 
 
+_STORED: dict[type[BaseModel], type[StateModel]] = {}  # domain type -> its stored model
+_setattr = object.__setattr__
+
+
+def _construct(cls: type[M], values: dict[str, Any]) -> M:
+    """A model from every one of its fields, unvalidated (they come from a validated model)."""
+    model = cls.__new__(cls)
+    _setattr(model, "__dict__", values)
+    _setattr(model, "__pydantic_fields_set__", set(values))
+    _setattr(model, "__pydantic_extra__", None)
+    _setattr(model, "__pydantic_private__", None)
+    return model
+
+
+def _holds_stored(annotation: Any) -> bool:
+    if isinstance(annotation, type) and issubclass(annotation, StateModel):
+        return True
+    return any(_holds_stored(arg) for arg in typing.get_args(annotation))
+
+
+def _to_domain(value: Any) -> Any:
+    if isinstance(value, StateModel):
+        return value.to_domain()
+    if isinstance(value, list):
+        return [_to_domain(item) for item in value]
+    return value
+
+
+def _to_stored(value: Any) -> Any:
+    stored = _STORED.get(type(value))
+    if stored is not None:
+        return stored.of(value)
+    if isinstance(value, list):
+        return [_to_stored(item) for item in value]
+    return value
+
+
 class StateModel(BaseModel):
-    """Base of every model kept in keyed state; `v` names the layout that wrote it."""
+    """Base of every model kept in keyed state; `v` names the layout that wrote it.
+
+    `stores` is the domain type it converts to (a plain pydantic model; None: read as it is), field by field
+    under the same names except those in `renamed` (domain field -> stored field). Fields that hold stored
+    models (also in lists and optionals) convert in turn. A stored model that does not name every field of
+    its domain type, or names one it lacks, is refused when its module loads.
+    """
 
     model_config = ConfigDict(extra="forbid")
 
     v: int = STATE_VERSION
 
+    stores: ClassVar[type[BaseModel] | None] = None
+    renamed: ClassVar[dict[str, str]] = {}
+    _pairs: ClassVar[tuple[tuple[str, str, bool], ...]] = ()  # (stored field, domain field, holds stored models)
 
-def load_model(model: type[M], raw: str) -> M:
+    @classmethod
+    def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
+        super().__pydantic_init_subclass__(**kwargs)
+        if cls.stores is None:
+            return
+        back = {stored: domain for domain, stored in cls.renamed.items()}
+        pairs = [(name, back.get(name, name), _holds_stored(info.annotation))
+                 for name, info in cls.model_fields.items() if name != "v"]
+        named, domain_fields = {domain for _, domain, _ in pairs}, set(cls.stores.model_fields)
+        if named != domain_fields:
+            raise TypeError(f"{cls.__name__} does not store {cls.stores.__name__} field by field: missing "
+                            f"{sorted(domain_fields - named)}, unknown {sorted(named - domain_fields)}")
+        cls._pairs = tuple(pairs)
+        _STORED[cls.stores] = cls
+
+    def to_domain(self) -> Any:
+        """The domain object this stored value stands for."""
+        if self.stores is None:
+            return self
+        values = self.__dict__
+        return _construct(self.stores, {domain: _to_domain(values[stored]) if nested else values[stored]
+                                        for stored, domain, nested in self._pairs})
+
+    @classmethod
+    def of(cls, value: Any) -> StateModel:
+        """The stored form of a domain object."""
+        if cls.stores is None:
+            return value
+        values = value.__dict__
+        stored = {"v": STATE_VERSION}
+        for name, domain, nested in cls._pairs:
+            stored[name] = _to_stored(values[domain]) if nested else values[domain]
+        return _construct(cls, stored)
+
+    @classmethod
+    def load(cls, raw: str) -> Any:
+        """One stored value, as the domain object the core works with."""
+        return parse_stored(cls, raw).to_domain()
+
+    @classmethod
+    def dump(cls, value: Any) -> str:
+        return cls.of(value).model_dump_json()
+
+
+class Stored(Protocol):
+    """How one named state is kept as text: a StateModel class, or a migration's reader of older entries."""
+
+    def load(self, raw: str) -> Any: ...
+
+    def dump(self, value: Any) -> str: ...
+
+
+def parse_stored(model: type[M], raw: str) -> M:
     """Parse one stored value; a value of another layout version stops with the reason, never misreads."""
     if raw.startswith(_CURRENT):  # the common case, parsed in one pass; anything else gets the careful path
         try:
@@ -53,16 +153,32 @@ def load_model(model: type[M], raw: str) -> M:
     if version != STATE_VERSION:
         raise StateVersionError(
             f"operator state version {version!r} of {model.__name__} is not readable by this release (it reads "
-            f"version {STATE_VERSION}, and migrates version {LEGACY_VERSION} on restore): restore with the release "
-            "that wrote the checkpoint, or start without --restore")
+            f"version {STATE_VERSION}, and moves the older layouts of flink_memory.migrations on restore): restore "
+            "with the release that wrote the checkpoint, or start without --restore")
     try:
         return model.model_validate(data)
     except ValidationError as exc:
         raise StateVersionError(f"operator state of {model.__name__} does not parse: {exc}") from None
 
 
+def stored_model(model: type[BaseModel]) -> type[StateModel]:
+    """The stored model of a domain type (or the stored model itself)."""
+    if issubclass(model, StateModel):
+        return model
+    if model not in _STORED:
+        raise TypeError(f"no stored model stores {model.__name__} (its stage's state schema is not loaded)")
+    return _STORED[model]
+
+
+def load_model(model: type[M], raw: str) -> M:
+    """One stored value as `model`: a domain type (through its stored model) or a stored model itself."""
+    stored = parse_stored(stored_model(model), raw)
+    return stored if isinstance(stored, model) else stored.to_domain()
+
+
 def dump_model(value: BaseModel) -> str:
-    return value.model_dump_json()
+    """A domain object (through its stored model) or a stored model, as stored."""
+    return stored_model(type(value)).of(value).model_dump_json()
 
 
 # --- schema and stores ------------------------------------------------------------------------------------
@@ -70,12 +186,10 @@ def dump_model(value: BaseModel) -> str:
 
 @dataclass(frozen=True)
 class StateSchema:
-    """The named states of one stage. A map whose model is None holds raw text (e.g. verified manifests)."""
+    """The named states of one stage, each with how it is stored (None: raw text)."""
 
-    values: dict[str, type[BaseModel]] = field(default_factory=dict)
-    maps: dict[str, type[BaseModel] | None] = field(default_factory=dict)
-    legacy_values: tuple[str, ...] = ()  # version-1 value states, read once per key for migration
-    legacy_entries: Mapping[str, Callable[[str], BaseModel]] = field(default_factory=dict)  # map -> converter
+    values: dict[str, Stored | None] = field(default_factory=dict)
+    maps: dict[str, Stored | None] = field(default_factory=dict)
 
 
 def seq_key(seq: int) -> str:
@@ -83,17 +197,15 @@ def seq_key(seq: int) -> str:
     return f"{seq:012d}"
 
 
-@dataclass(frozen=True)
-class Migration:
-    """How one stage's release 0.1.0 state becomes the current layout."""
-
-    migrate: Callable[[Any, StateTransaction], None]  # (core, state): moves the old values, clears them
-    values: tuple[str, ...] = ()  # the old value states
-    entries: Mapping[str, Callable[[str], BaseModel]] = field(default_factory=dict)  # map -> bare-string entry
+class Migration(Protocol):
+    """How a stage's state of an older layout becomes the current one (flink_memory.migrations), as each key
+    is loaded; the topology names it per stage and the driver runs it."""
 
     def schema(self, current: StateSchema) -> StateSchema:
-        """The stage's schema with the old states it reads."""
-        return replace(current, legacy_values=self.values, legacy_entries=self.entries)
+        """The stage's schema with the older states the migration reads."""
+
+    def migrate(self, core: Any, state: StateTransaction) -> None:
+        """Move what the key holds in an older layout into the current one (before the core sees it)."""
 
 
 class StateBackend(Protocol):
@@ -113,9 +225,6 @@ class StateBackend(Protocol):
     def keys(self, name: str) -> list[str]: ...
 
 
-_ABSENT = object()
-
-
 class StateTransaction:
     """Typed view of one key's state for one activation; writes reach the backend only on `commit`."""
 
@@ -130,22 +239,15 @@ class StateTransaction:
 
     # values
     def get(self, name: str, model: type[M]) -> M | None:
+        """The value, as the domain type `model` its stored model converts to (`str` for raw text)."""
         if name not in self._values:
             raw = self.backend.read(name)
-            self._values[name] = None if raw is None else load_model(model, raw)
+            stored = self.schema.values[name]
+            self._values[name] = raw if raw is None or stored is None else stored.load(raw)
         return self._values[name]
 
-    def set(self, name: str, value: BaseModel | None) -> None:
+    def set(self, name: str, value: Any) -> None:
         self._values[name] = value
-        self._dirty_values.add(name)
-
-    def legacy(self, name: str) -> str | None:
-        """A version-1 value of this key. A backend may say it has none without reading (`read_legacy`)."""
-        read_legacy = getattr(self.backend, "read_legacy", None)
-        return read_legacy(name, self.key) if read_legacy is not None else self.backend.read(name)
-
-    def clear_legacy(self, name: str) -> None:
-        self._values[name] = None
         self._dirty_values.add(name)
 
     # maps
@@ -153,13 +255,8 @@ class StateTransaction:
         slot = (name, key)
         if slot not in self._entries:
             raw = self.backend.read_entry(name, key)
-            model = self.schema.maps[name]
-            if raw is None or model is None:
-                self._entries[slot] = raw
-            elif name in self.schema.legacy_entries and not raw.startswith('{"v":'):  # (a bare version-1 value)
-                self._entries[slot] = self.schema.legacy_entries[name](raw)
-            else:
-                self._entries[slot] = load_model(model, raw)
+            stored = self.schema.maps[name]
+            self._entries[slot] = raw if raw is None or stored is None else stored.load(raw)
         return self._entries[slot]
 
     def put(self, name: str, key: str, value: Any) -> None:
@@ -185,16 +282,16 @@ class StateTransaction:
 
     def commit(self) -> None:
         for name in self._dirty_values:
-            value = self._values[name]
-            self.backend.write(name, None if value is None else dump_model(value))
-        stored: dict[str, dict[str, str]] = {}
+            value, stored = self._values[name], self.schema.values[name]
+            self.backend.write(name, value if value is None or stored is None else stored.dump(value))
+        written: dict[str, dict[str, str]] = {}
         for name, key in self._dirty_entries:
-            value = self._entries[(name, key)]
+            value, stored = self._entries[(name, key)], self.schema.maps[name]
             if value is None:
                 self.backend.write_entry(name, key, None)
             else:
-                stored.setdefault(name, {})[key] = value if isinstance(value, str) else dump_model(value)
-        for name, entries in stored.items():  # one call for a batch's worth of entries
+                written.setdefault(name, {})[key] = value if stored is None else stored.dump(value)
+        for name, entries in written.items():  # one call for a batch's worth of entries
             self.backend.write_entries(name, entries)
         self._dirty_values.clear()
         self._dirty_entries.clear()

@@ -13,12 +13,12 @@ from dataclasses import dataclass
 
 from flink_memory import migrations
 from flink_memory.config import Config, ConfigError
-from flink_memory.migrations import Migration
 from flink_memory.stages.batcher import BatcherCore
 from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
 from flink_memory.stages.protocol import CoreFactory
+from flink_memory.state import Migration
 
 # What the side channels carry, by name: each is an output of the job
 CHANNELS = {
@@ -38,7 +38,7 @@ class StageSpec:
     label: str
     uid: str
     core: CoreFactory
-    migration: Migration | None = None  # how state of release 0.1.0 becomes the current layout
+    migration: Migration | None = None  # how state of an older layout (release 0.1.0) becomes the current one
     channels: tuple[str, ...] = ()  # the side channels it sends on (CHANNELS)
 
     def uid_for(self, execution_mode: str) -> str:

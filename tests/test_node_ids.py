@@ -8,8 +8,8 @@ import pytest
 
 from flink_memory.ids import NodeId, UnitId
 from flink_memory.records import SummaryNode
-from flink_memory.stages.batcher import BatcherMeta
-from flink_memory.stages.merger import StoredNode
+from flink_memory.stages.batcher_state import BatcherMeta
+from flink_memory.stages.merger_state import StoredNode
 from flink_memory.stages.messages import HoldNodes, control_of
 from flink_memory.state import dump_model, load_model
 from flink_memory.summarize.tree import Slot, SummaryTree

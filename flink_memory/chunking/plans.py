@@ -12,7 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from flink_memory.chunking.exchanges import (
     Exchange,
@@ -38,7 +38,6 @@ from flink_memory.records import (
     format_ts,
 )
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
-from flink_memory.state import StateModel
 from flink_memory.tokens.estimate import estimate_tokens
 from flink_memory.tokens.split import split_text
 
@@ -105,7 +104,7 @@ class Routed:
     manifest: ChunkManifest | None
 
 
-class PlanJob(StateModel):
+class PlanJob(BaseModel):
     """Progress of one semantic plan, kept in the planner's state; driven like any call job (stages.calls)."""
 
     cursor: int = 0

@@ -145,7 +145,7 @@ class StageFunction(KeyedProcessFunction):
                              self.spec.migration)
         schema = self.driver.schema
         values = {name: runtime_context.get_state(ValueStateDescriptor(name, Types.STRING()))
-                  for name in [*schema.values, *schema.legacy_values]}
+                  for name in schema.values}
         maps = {name: runtime_context.get_map_state(MapStateDescriptor(name, Types.STRING(), Types.STRING()))
                 for name in schema.maps}
         self.state = FlinkState(values, maps)

@@ -22,7 +22,6 @@ class FlinkState:
         # The mode is the job's, which for operators embedded in another job need not be our config's.
         self.bulk_puts = all(type(m).__module__.startswith(EMBEDDED_STATE) for m in maps.values())
         self.key = ""
-        self.no_legacy: set[tuple[str, str]] = set()  # (state, key) known to hold no version-1 value
         self.cached: dict[tuple[str, str], str | None] = {}
 
     def _remember(self, slot: tuple[str, str], raw: str | None) -> None:
@@ -35,15 +34,6 @@ class FlinkState:
         if slot not in self.cached:
             self._remember(slot, self.values[name].value())
         return self.cached[slot]
-
-    def read_legacy(self, name: str, key: str) -> str | None:
-        """Old values are read once per key and subtask: after that they are migrated or absent for good."""
-        if (name, key) in self.no_legacy:
-            return None
-        raw = self.read(name)
-        if raw is None:
-            self.no_legacy.add((name, key))
-        return raw
 
     def write(self, name: str, raw: str | None) -> None:
         slot = (name, self.key)

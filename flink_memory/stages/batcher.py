@@ -17,74 +17,32 @@ its rows and the batch nodes go, numbered in the order they were decided, into t
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
-
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
+from flink_memory.stages.batcher_state import (
+    BATCHES,
+    BUFFER,
+    DONE,
+    HOMES,
+    META,
+    SCHEMA,
+    UNITS,
+    BatcherMeta,
+    DoneBatch,
+    PendingBatch,
+    StoredUnit,
+    UnitHome,
+)
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten, log_line
-from flink_memory.state import StateModel, StateSchema, StateTransaction
+from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
-
-BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
-HOMES, DONE = "batcher_homes", "batcher_done"
-
-
-class BatcherMeta(StateModel):
-    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
-
-    next_batch: int = 1  # number of the next batch (its node id: NodeId.batch)
-    next_emit: int = 1  # batches leave in order: the next one to emit
-    ended: bool = False  # the input ended: close what is open, do not wait for timeouts
-    # emitted batches being summarized again (stored as "revising")
-    resummarizing: list[int] = Field(default_factory=list, alias="revising")
-    next_sweep_ms: int | None = None
-    log_seq: int = 0  # entries of the agent's batcher log (unit rows and batch nodes) written so far
-
-
-class PendingBatch(StateModel):
-    seq: int
-    units: list[MemoryUnit]
-    first_ts: str | None = None
-    last_ts: str | None = None
-    job: ReduceJob
-    text: str | None = None  # set once summarized; the node leaves when the batches before it have
-    newest_ms: int | None = None  # when its newest unit arrived (None: look it up in HOMES)
-    # changes it took before its node left: it leaves as that revision, as if it had left first and been
-    # summarized again for each (node ids then depend on the input's order only, never on when calls end,
-    # so a replay after a failure writes the ids the first attempt wrote)
-    revision: int = 0
-
-
-class DoneBatch(StateModel):
-    """An emitted batch while its units are editable: what a revision summarizes again."""
-
-    seq: int
-    units: list[MemoryUnit]
-    live: str  # the node id that currently stands for this batch
-    revision: int = 0
-    newest_ms: int  # when its newest unit arrived: it is sealed memory.editable_for after
-    job: ReduceJob | None = None  # a revision being made
-    target: int = 0  # the revision it is being made into: one more for every change that reached it
-
-
-class UnitHome(StateModel):
-    """Where a unit is: buffered (batch None, at seq) or in batch `batch` (pending or emitted)."""
-
-    batch: int | None = None
-    seq: int = 0
-    arrived_ms: int = 0
-
-
-class StoredUnit(StateModel):
-    unit: MemoryUnit
-    arrived_ms: int | None = None  # None: stored before arrival times travelled with the unit (see HOMES)
 
 
 def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
@@ -96,8 +54,7 @@ def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
 
 
 class BatcherCore:
-    schema = StateSchema(values={BUFFER: BatchBuffer, META: BatcherMeta},
-                         maps={UNITS: StoredUnit, BATCHES: PendingBatch, HOMES: UnitHome, DONE: DoneBatch})
+    schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config

@@ -1,6 +1,6 @@
 """The activation driver: how any stage core is run for one key, by the Flink shell and by the test harness.
 
-One activation loads the key's state (migrated from release 0.1.0 on the way by the stage's migration, which
+One activation loads the key's state (an older layout moved into the current one by the stage's migration, which
 the topology hands over: flink_memory.topology),
 runs the core for a record, a wake-up or the end of input, and commits the state when the core returns. The
 caller carries out the effects (starts calls, sets timers, sends outputs on).

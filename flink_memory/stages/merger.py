@@ -19,67 +19,35 @@ the batcher's own log of unit rows and batch nodes (stages.unit_rows).
 
 from __future__ import annotations
 
-from pydantic import ConfigDict, Field
-
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.merger_state import (
+    GLOBAL,
+    LOG,
+    MERGES,
+    NODES,
+    SCHEDULE,
+    SCHEMA,
+    TREE,
+    LogPosition,
+    MergerSchedule,
+    ParentJob,
+    StoredNode,
+)
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
-from flink_memory.state import StateModel, StateSchema, StateTransaction
+from flink_memory.state import StateTransaction, dump_model
 from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
-TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
-SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
-LOG = "merger_log"
 BATCH = '"kind":"batch"'  # (in a node's JSON: its kind; a string value never holds an unescaped quote)
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
-
-
-class MergerSchedule(StateModel):
-    """When the agent's next global and next sweep are due, and whether its input ended (global due now)."""
-
-    first_node_ms: int | None = None  # when the agent's first node arrived (the first refresh counts from it)
-    last_global_ms: int | None = None
-    ended: bool = False
-    next_sweep_ms: int | None = None
-
-
-class LogPosition(StateModel):
-    """How many entries of the agent's memory log were written (the `seq` of the last one)."""
-
-    seq: int = 0
-
-
-class StoredNode(StateModel):
-    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
-
-    node: SummaryNode
-    parent: str | None = None  # the merge it went into; None while in the frontier
-    newest_ms: int = 0  # when the newest batch below it arrived
-    running_revision: str | None = Field(None, alias="revising")  # the id of this merge's revision being made
-    held: bool = False  # a batch being summarized again: kept, with what it is merged with, until replaced
-
-
-class ParentJob(StateModel):
-    """A merge or global summary being made; children are referenced, their texts are in the job."""
-
-    node_id: str
-    level: int = 0
-    version: int | None = None
-    children: list[ChildRef]
-    job: ReduceJob
-    replaces: list[str] = Field(default_factory=list)
-
-    @property
-    def child_ids(self) -> list[str]:
-        return [c.node_id for c in self.children]
 
 
 def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
@@ -88,8 +56,7 @@ def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
 
 
 class MergerCore:
-    schema = StateSchema(values={TREE: SummaryTree, SCHEDULE: MergerSchedule, GLOBAL: ParentJob, LOG: LogPosition},
-                         maps={NODES: StoredNode, MERGES: ParentJob})
+    schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
@@ -419,5 +386,5 @@ class MergerCore:
 
 
 def _dead_job(job: ParentJob, reason: str, agent_id: str) -> DeadLetter:
-    return DeadLetter(raw=job.model_dump_json(), reason=reason, stage="internal", agent_id=agent_id,
+    return DeadLetter(raw=dump_model(job), reason=reason, stage="internal", agent_id=agent_id,
                       record_id=job.node_id)

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import json
 
-from pydantic import Field
-
 from flink_memory.chunking.exchanges import InvalidPlan, materialize
 from flink_memory.chunking.manifest import (
     ManifestMismatch,
@@ -42,42 +40,23 @@ from flink_memory.records import (
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, RetryPolicy, drive, sweep_step_ms
 from flink_memory.stages.messages import ForgetAgent, Retract
+from flink_memory.stages.planner_state import (
+    CLOCK,
+    HEAD,
+    PLANS,
+    QUEUE,
+    SCHEMA,
+    SOURCES,
+    PlanEntry,
+    PlannerClock,
+    QueuedRecord,
+    QueueHead,
+    SourceEntry,
+    plan_progress,
+)
 from flink_memory.stages.protocol import Culprit
-from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, seq_key
+from flink_memory.state import StateTransaction, StateVersionError, seq_key
 from flink_memory.summarize.prompts import batch_item_room
-
-HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
-
-
-class QueueHead(StateModel):
-    first: int = 0  # sequence number of the record being handled
-    next: int = 0  # sequence number the next record gets
-
-
-class SourceEntry(StateModel):
-    """An accepted record: what an update or a deletion of it must retract."""
-
-    digest: str
-    units: list[str] = Field(default_factory=list)
-    accepted_ms: int = 0
-    sealed: bool = False
-
-
-class QueuedRecord(StateModel):
-    payload: str  # the record's JSON, as parsed
-    checked: bool = False  # stored plan and duplicate checks done
-    job: PlanJob | None = None
-    job_digest: str | None = None  # seals the plan in progress to this input and policy, like a manifest
-    previous: SourceEntry | None = None  # the accepted version this record updates
-
-
-class PlanEntry(StateModel):
-    manifest: str  # the verified manifest JSON of a plan that cost a call
-    stored_ms: int = 0
-
-
-class PlannerClock(StateModel):
-    next_sweep_ms: int | None = None
 
 
 def _dead(record: InputRecord, reason: str, stage: str) -> DeadLetter:
@@ -92,8 +71,7 @@ def item_digest(record: InputRecord) -> str:
 
 
 class PlannerCore:
-    schema = StateSchema(values={HEAD: QueueHead, CLOCK: PlannerClock},
-                         maps={QUEUE: QueuedRecord, SOURCES: SourceEntry, PLANS: PlanEntry})
+    schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         """`bounded` is the stages' common signature; the planner has no timeouts to skip."""
@@ -245,7 +223,7 @@ class PlannerCore:
     def job_digest(self, job: PlanJob, prepared: Prepared) -> str:
         """Seals a plan in progress to its input and policy: state that does not match is never used."""
         return digest({"input": prepared.input_digest, "policy": self.planner.fingerprint,
-                       "job": job.model_dump(mode="json", include={"cursor", "accepted", "scale", "rejections"})})
+                       "job": plan_progress(job)})
 
     def _failed(self, state: StateTransaction, record: Conversation, prepared: Prepared, reason: str,
                 entry: QueuedRecord, now_ms: int, effects: Effects) -> bool:
@@ -375,7 +353,7 @@ class PlannerCore:
             for record_id in state.keys(SOURCES):
                 source = state.entry(SOURCES, record_id)
                 age = now_ms - source.accepted_ms
-                if not source.accepted_ms:  # remembered by release 0.1.0: its age counts from now
+                if not source.accepted_ms:  # (no acceptance time known: its age counts from now)
                     state.put(SOURCES, record_id, source.model_copy(update={"accepted_ms": now_ms}))
                 elif age >= 2 * self.editable_ms or not source.digest:
                     state.put(SOURCES, record_id, None)

@@ -10,9 +10,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from pydantic import BaseModel
+
 from flink_memory.config import Config
 from flink_memory.records import MemoryUnit
-from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import Packer, child_target
 from flink_memory.tokens.budget import Budget
 
@@ -50,7 +51,7 @@ class ClosedBatch(NamedTuple):
     scale: float | None  # the calibration its units were packed with: its request is built with the same
 
 
-class BatchBuffer(StateModel):
+class BatchBuffer(BaseModel):
     """Units waiting for their batch: sequence numbers first .. first + count - 1.
 
     The open batch keeps the calibration scale it was opened with, so where it closes depends on the units
@@ -107,7 +108,7 @@ class BatchBuffer(StateModel):
     def _open(self, budget: Budget, now_ms: int) -> None:
         if not self.count:
             self.opened_at_ms = now_ms
-        if self.scale is None:  # (a buffer from a release that kept no scale takes the current one once)
+        if self.scale is None:  # (a buffer opened without a scale takes the current one once)
             self.scale = budget.counter.scale_for("batch")
 
     def _packer(self, budget: Budget) -> Packer:

@@ -1,6 +1,6 @@
 """Summarize any list of entries into one text without ever sending a request larger than the window.
 
-A `ReduceJob` is a state model (it lives in Flink keyed state between calls). Each round is a pure function of
+A `ReduceJob` is plain data (kept in a stage's state between calls). Each round is a pure function of
 its entries and its frozen token scale: if they fit one request, that request is the final call; otherwise
 an entry too large for a request is split into parts, entries are packed into groups that fit, and each group
 is summarized into a shorter entry, asked to be short enough that the next round fits one request. The same
@@ -13,10 +13,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import Field
+from pydantic import BaseModel, Field
 
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
-from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import (
     SUMMARY_PROMPT_VERSION,
     Packer,
@@ -54,7 +53,7 @@ def _split_entry(entry: dict[str, Any], room: int, packer: Packer) -> list[dict[
     return [{**entry, "text": piece} for piece in pieces]
 
 
-class ReduceJob(StateModel):
+class ReduceJob(BaseModel):
     purpose: Purpose
     entries: list[dict[str, Any]]
     target_tokens: int | None = None  # length asked of the final summary; None: llm.max_output_tokens

@@ -1,6 +1,6 @@
 """An agent's summary tree: a frontier of unmerged nodes per level, merged `fan_in` at a time.
 
-`SummaryTree` is the small part of the merger's keyed state: per level, slots of node ids in arrival order
+`SummaryTree` is the small part of the merger's state: per level, slots of node ids in arrival order
 (a slot is a finished node, or a merge still running). Node contents live in a map beside it and are read
 only to pack a merge group. Slots keep arrival order, so a merge whose call finished early still takes its
 place in chronology, and grouping depends only on the order of nodes, never on timing: a replay forms the
@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field
 
 from flink_memory.ids import NodeId
 from flink_memory.records import SummaryNode
-from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import entry_limit
 from flink_memory.tokens.budget import Budget
@@ -61,25 +60,22 @@ class MergeStart:
     children: list[SummaryNode]
 
 
-class SummaryTree(StateModel):
-    model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
-
+class SummaryTree(BaseModel):
     levels: list[list[Slot]] = Field(default_factory=list)
     merges_per_level: list[int] = Field(default_factory=list)  # node ids count per level: deterministic
     global_version: int = 0
     global_children: list[str] = Field(default_factory=list)
     # every id written: batches 1..last_batch, merges by merges_per_level, globals by version, and revisions
     last_batch: int = 0
-    # base id -> the latest revision written of it (stored as "revised")
-    latest_revision: dict[str, int] = Field(default_factory=dict, alias="revised")
+    latest_revision: dict[str, int] = Field(default_factory=dict)  # base id -> the latest revision written of it
     first_batch: int = 1  # the first batch of the memory as it is now (after a forget, the next one)
     # batch numbers never written, as [first, last] runs: batches leave the batcher in order, so one that is
     # skipped (all its units retracted before its summary, or dropped by a forget) never comes
     unwritten: list[list[int]] = Field(default_factory=list)
     merges_before_forget: list[int] = Field(default_factory=list)  # per level: merge ids of a forgotten memory
-    # globals written by release 0.1.0, whose nodes name no predecessor: the next global (or a forget) replaces
-    # all of them
-    legacy_globals: int = 0
+    # globals whose nodes name no predecessor (none was named before `replaces` was written): the next global
+    # (or a forget) replaces all of them
+    unchained_globals: int = 0
 
     def written_batches(self, first: int = 1) -> list[int]:
         """Numbers of the batches written from `first` on, oldest first."""
@@ -101,15 +97,15 @@ class SummaryTree(StateModel):
 
     def replaced_globals(self) -> list[str]:
         """The globals the next global replaces: the latest one (each names the one before it), or every
-        global of release 0.1.0, whose nodes named none."""
-        first = 1 if self.legacy_globals else self.global_version
+        global up to it while some named none (`unchained_globals`)."""
+        first = 1 if self.unchained_globals else self.global_version
         return [str(NodeId.global_summary(n)) for n in range(max(first, 1), self.global_version + 1)]
 
     def forget(self) -> None:
         """The memory is dropped (an empty global replaces it): only the id counters stay."""
         self.levels, self.global_children, self.first_batch = [], [], self.last_batch + 1
         self.merges_before_forget = list(self.merges_per_level)
-        self.latest_revision, self.unwritten, self.legacy_globals = {}, [], 0
+        self.latest_revision, self.unwritten, self.unchained_globals = {}, [], 0
 
     def note_id(self, node_id: str) -> bool:
         """Record a written id; True for a batch not seen before (it may arrive as a revision: a batch that
@@ -232,4 +228,4 @@ class SummaryTree(StateModel):
     def global_done(self, children: list[str], version: int) -> None:
         self.global_children = children
         self.global_version = version
-        self.legacy_globals = 0
+        self.unchained_globals = 0
