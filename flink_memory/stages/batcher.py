@@ -6,9 +6,7 @@ after its first unit; on a bounded one it closes when the input ends, never beca
 Changes: a retracted unit leaves the buffer; or the pending batch it is in, whose summary job is rebuilt and
 which then leaves as the revision it would have become had it left first (`batch-000007-r1`); or, when its
 batch was already emitted, that batch is summarized again from its remaining units and the new node replaces
-the old one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an empty node does). A batch's
-revision counts the changes that reached it, so batch ids never depend on when calls end. Emitted batches
-keep their units for `memory.editable_for` after their newest unit, then only the summary stays.
+the old one (stages.batch_revisions, which also seals emitted batches after `memory.editable_for`).
 
 Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows):
 its rows and the batch nodes go, numbered in the order they were decided, into the agent's batcher log
@@ -21,6 +19,7 @@ from flink_memory.config import Config
 from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
+from flink_memory.stages.batch_revisions import BatchRevisions, _next_revision
 from flink_memory.stages.batcher_state import (
     BATCHES,
     BUFFER,
@@ -45,15 +44,7 @@ from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatc
 from flink_memory.summarize.reduce import ReduceJob
 
 
-def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
-    """The revision an emitted batch is made into, and what it replaces: the live node and every revision
-    between (which the first attempt of a replay may have written)."""
-    revision = max(done.target, done.revision + 1)
-    between = (str(NodeId.batch(done.seq, r)) for r in range(done.revision + 1, revision))
-    return revision, [done.live, *between]
-
-
-class BatcherCore:
+class BatcherCore(BatchRevisions):
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -316,28 +307,6 @@ class BatcherCore:
             self._resummarize(state, meta, done, finished, now_ms, effects)
         self._emit(state, meta, effects, now_ms)
 
-    def _resummarize(self, state: StateTransaction, meta: BatcherMeta, done: DoneBatch, finished: Finished,
-                     now_ms: int, effects: Effects) -> None:
-        """Summarize an emitted batch again from its remaining units; the new node replaces the live one."""
-        text = ""
-        if done.job is not None:
-            progress = drive(done.job, self.factory, finished, now_ms, self.retry)
-            effects.track(progress, done.job)
-            if progress.state != "done":
-                state.put(DONE, _key(done.seq), done)
-                return
-            text = progress.value
-        revision, replaces = _next_revision(done)
-        node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
-        self._out(meta, effects, node)
-        effects.counts["batches_revised"] += 1
-        meta.resummarizing.remove(done.seq)
-        if done.units:
-            state.put(DONE, _key(done.seq), done.model_copy(update={"live": node.node_id, "revision": revision,
-                                                                     "job": None, "target": 0}))
-        else:
-            state.put(DONE, _key(done.seq), None)
-
     def _forget(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects) -> None:
         """Everything of the agent goes; batch numbers go on, so no node id is ever used twice."""
         for name in (UNITS, BATCHES, HOMES, DONE):
@@ -347,18 +316,7 @@ class BatcherCore:
         _send(meta, effects, [forgotten(state.key)])
         effects.out.append(ForgetAgent().model_dump_json())
 
-    # --- bounded state -------------------------------------------------------------------------------
-
-    def _sweep(self, state: StateTransaction, meta: BatcherMeta, now_ms: int) -> None:
-        """Emitted batches whose newest unit is older than memory.editable_for keep only their summary."""
-        if meta.next_sweep_ms is None or now_ms < meta.next_sweep_ms:
-            return
-        for key, done in state.items(DONE):
-            if now_ms - done.newest_ms >= self.editable_ms and done.job is None:
-                for unit in done.units:
-                    state.put(HOMES, unit.unit_id, None)
-                state.put(DONE, key, None)
-        meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if state.keys(DONE) else None
+    # --- the end of an activation ------------------------------------------------------------------
 
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
                 now_ms: int, *, emit: bool = True) -> Effects:

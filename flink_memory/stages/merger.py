@@ -7,8 +7,7 @@ global, or from its first node), and once when the input ends; on a bounded inpu
 global replaces the one before it.
 
 Changes recompute a path, not the memory: a node that replaces another (a batch summarized again after a
-retraction) takes its place. In the frontier it just swaps in; under a merge, that merge is made again
-from its children (the new one replaces it, `merge-L2-000003-r1`), and so on up, then the global. Merged
+retraction) takes its place, and what was merged from it is made again (stages.merger_revisions). Merged
 nodes stay in state while any batch below their parent is editable (`memory.editable_for`), so their
 siblings' summaries are there to merge again; then only the frontier stays. Forgetting an agent writes an
 empty global that replaces every node of the agent written before.
@@ -24,6 +23,7 @@ from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.merger_revisions import TreeRevisions
 from flink_memory.stages.merger_state import (
     GLOBAL,
     LOG,
@@ -50,12 +50,7 @@ JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's mode
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
 
-def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
-    """The children after `new` replaced `old_id` (an empty replacement leaves no child)."""
-    return [new.node_id if c == old_id else c for c in child_ids if c != old_id or new.item_count]
-
-
-class MergerCore:
+class MergerCore(TreeRevisions):
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -192,52 +187,6 @@ class MergerCore:
         self._write(node, effects)
         self._arrive(state, tree, node, now_ms, finished, effects)
 
-    def _supersede(self, state: StateTransaction, tree: SummaryTree, old_id: str, new: SummaryNode, newest: int,
-                   now_ms: int, finished: Finished, effects: Effects) -> None:
-        """`new` replaces `old_id` where it stands: in the frontier, or under a merge that is made again."""
-        old = state.entry(NODES, old_id)
-        if old is None:  # never written (a batch that took changes before it left) or sealed long ago:
-            effects.counts["replacements_unplaced"] += 1  # nothing in state to recompute, keep the new one
-            if new.item_count:
-                self._place(state, tree, new, newest, now_ms, finished, effects)
-            return
-        state.put(NODES, old_id, None)
-        if old.parent is None:  # a frontier node: swap it in place (an empty one leaves the frontier)
-            if new.item_count:
-                tree.swap(old_id, new.node_id)
-                state.put(NODES, new.node_id, StoredNode(node=new, newest_ms=newest))
-            else:
-                tree.drop(old_id)
-            return
-        state.put(NODES, new.node_id, StoredNode(node=new, parent=old.parent, newest_ms=newest))
-        running = state.entry(MERGES, old.parent)
-        if running is not None:  # the parent is still being made: make it from the new children instead
-            self._rebuild(state, tree, running, _swap(running.child_ids, old_id, new), finished, now_ms, effects)
-            return
-        parent = state.entry(NODES, old.parent)
-        if parent is None:
-            effects.counts["replacements_unplaced"] += 1
-            return
-        revision = state.entry(MERGES, parent.running_revision) if parent.running_revision is not None else None
-        if revision is not None:  # a revision of the parent is being made: it takes this change too
-            self._rebuild(state, tree, revision, _swap(revision.child_ids, old_id, new), finished, now_ms, effects)
-            return
-        job = ParentJob(node_id=str(NodeId.parse(old.parent).next_revision()), level=parent.node.level,
-                        children=[], job=ReduceJob(purpose="merge", entries=[]), replaces=[old.parent])
-        state.put(NODES, old.parent, parent.model_copy(update={"running_revision": job.node_id}))
-        self._rebuild(state, tree, job, _swap(parent.node.children, old_id, new), finished, now_ms, effects)
-
-    def _rebuild(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, child_ids: list[str],
-                 finished: Finished, now_ms: int, effects: Effects) -> None:
-        """Make a merge (again) from these children, in this order (empty ones left out)."""
-        children = [stored.node for i in child_ids if (stored := state.entry(NODES, i)) is not None
-                    and stored.node.item_count]
-        for child in children:
-            entry = state.entry(NODES, child.node_id)
-            state.put(NODES, child.node_id, entry.model_copy(update={"parent": job.node_id}))
-        self._run_merge(state, tree, self._merge_job(job.node_id, job.level, children, job.replaces), finished,
-                        now_ms, effects)
-
     def _advance(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, finished: Finished,
                  now_ms: int, effects: Effects) -> Effects:
         for key in state.keys(MERGES):
@@ -347,14 +296,6 @@ class MergerCore:
         if schedule.next_sweep_ms is None:
             schedule.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
             state.set(SCHEDULE, schedule)
-
-    def _hold(self, state: StateTransaction, node_ids: list[str]) -> None:
-        """Nodes being made again are held: until their replacements arrive, the sweep keeps them, their
-        siblings and the merges above them, however long the calls take."""
-        for node_id in node_ids:
-            stored = state.entry(NODES, node_id)
-            if stored is not None and not stored.held:
-                state.put(NODES, node_id, stored.model_copy(update={"held": True}))
 
     def _sweep(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, now_ms: int) -> None:
         """Drop merged nodes whose parent has no editable batch below it any more (the frontier stays)."""

@@ -9,7 +9,7 @@ same id with identical content is a re-delivery (a `duplicate` dead letter, no u
 content it is an update: the old units are retracted and the record is planned again in full (its
 manifest names the input it replaces). A deletion retracts a record's units; forgetting drops the agent.
 A record stays editable for `memory.editable_for`; then it is sealed (changes are refused), and after as
-long again its id is forgotten.
+long again its id is forgotten (stages.planner_retention).
 """
 
 from __future__ import annotations
@@ -38,8 +38,9 @@ from flink_memory.records import (
     record_from_json,
 )
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, RetryPolicy, drive
 from flink_memory.stages.messages import ForgetAgent, Retract
+from flink_memory.stages.planner_retention import SourceRetention
 from flink_memory.stages.planner_state import (
     CLOCK,
     HEAD,
@@ -48,7 +49,6 @@ from flink_memory.stages.planner_state import (
     SCHEMA,
     SOURCES,
     PlanEntry,
-    PlannerClock,
     QueuedRecord,
     QueueHead,
     SourceEntry,
@@ -70,7 +70,7 @@ def item_digest(record: InputRecord) -> str:
     return digest(record.model_dump(mode="json", exclude={"ts", "metadata"}))
 
 
-class PlannerCore:
+class PlannerCore(SourceRetention):
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -281,14 +281,6 @@ class PlannerCore:
         effects.out.append(ForgetAgent().model_dump_json())
         effects.counts["agents_forgotten"] += 1
 
-    def _sealed(self, source: SourceEntry, now_ms: int) -> bool:
-        return source.sealed or (source.accepted_ms > 0 and now_ms - source.accepted_ms >= self.editable_ms)
-
-    def _sealed_reason(self, record_id: str) -> str:
-        return (f"sealed: record {record_id!r} was accepted more than memory.editable_for "
-                f"({self.config.memory.editable_for:.0f} s) ago, or by release 0.1.0; its text has left state, so "
-                "it can no longer be updated or deleted")
-
     def _source(self, state: StateTransaction, record_id: str) -> SourceEntry | None:
         source = state.entry(SOURCES, record_id)
         return source if source is not None and source.digest else None
@@ -335,39 +327,3 @@ class PlannerCore:
         state.put(SOURCES, record.id, SourceEntry(digest=content, units=units, accepted_ms=now_ms))
         effects.out.extend(json.dumps(unit, ensure_ascii=False) for unit in routed.units)
 
-    # --- bounded state -------------------------------------------------------------------------------
-
-    def _remember(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
-        """Something was stored that must expire: make sure a sweep is scheduled."""
-        if state.get(CLOCK, PlannerClock) is None:
-            state.set(CLOCK, PlannerClock(next_sweep_ms=now_ms + sweep_step_ms(self.editable_ms)))
-        effects.sweep(state.get(CLOCK, PlannerClock).next_sweep_ms)
-
-    def _sweep(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
-        """Seal records older than memory.editable_for, forget ids twice as old and plans as old; schedule the
-        next sweep while anything is left. Runs every tenth of memory.editable_for, not on every record."""
-        clock = state.get(CLOCK, PlannerClock)
-        if clock is None or clock.next_sweep_ms is None:
-            return
-        if now_ms >= clock.next_sweep_ms:
-            for record_id in state.keys(SOURCES):
-                source = state.entry(SOURCES, record_id)
-                age = now_ms - source.accepted_ms
-                if not source.accepted_ms:  # (no acceptance time known: its age counts from now)
-                    state.put(SOURCES, record_id, source.model_copy(update={"accepted_ms": now_ms}))
-                elif age >= 2 * self.editable_ms or not source.digest:
-                    state.put(SOURCES, record_id, None)
-                elif age >= self.editable_ms and not source.sealed:
-                    state.put(SOURCES, record_id, source.model_copy(update={"sealed": True, "units": []}))
-            for input_digest in state.keys(PLANS):
-                plan = state.entry(PLANS, input_digest)
-                if not plan.stored_ms:
-                    state.put(PLANS, input_digest, plan.model_copy(update={"stored_ms": now_ms}))
-                elif now_ms - plan.stored_ms >= self.editable_ms:
-                    state.put(PLANS, input_digest, None)
-            if not state.keys(SOURCES) and not state.keys(PLANS):
-                state.set(CLOCK, None)
-                return
-            clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
-            state.set(CLOCK, clock)
-        effects.sweep(clock.next_sweep_ms)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from flink_memory.databases import PostgresConnection, redact_url
 from flink_memory.meanwhile import meanwhile
 from flink_memory.store import pgvector
+from flink_memory.store.recall import VECTOR_CANDIDATES
 from flink_memory.store.rules import PositionConflict, StoreError, tsquery_term
 from flink_memory.store.schema import (
     BUCKET,
@@ -33,7 +34,7 @@ from flink_memory.store.schema import (
     PENDING_INDEX,
     REPLACED,
 )
-from flink_memory.store.sql import VECTOR_CANDIDATES, MemoryStore
+from flink_memory.store.sql import MemoryStore
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
