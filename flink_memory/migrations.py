@@ -24,7 +24,7 @@ from flink_memory.records import Conversation, MemoryUnit, SummaryNode, record_f
 from flink_memory.stages import batcher_state as batcher
 from flink_memory.stages import merger_state as merger
 from flink_memory.stages import planner_state as planner
-from flink_memory.state import STATE_VERSION, StateSchema, StateTransaction, StateVersionError, Stored, seq_key
+from flink_memory.state import STATE_VERSION, Codec, StateSchema, StateTransaction, StateVersionError, seq_key
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
@@ -37,7 +37,7 @@ class BareEntries:
     """A map whose entries release 0.1.0 kept as bare strings: those are converted as they are read, the
     others are read as the current layout stores them."""
 
-    stored: Stored
+    stored: Codec
     convert: Callable[[str], Any]
 
     def load(self, raw: str) -> Any:

@@ -32,7 +32,7 @@ class StateVersionError(RuntimeError):
     """Stored operator state this release cannot read (another release's layout, or not our envelope)."""
 
 
-_STORED: dict[type[BaseModel], type[StateModel]] = {}  # domain type -> its stored model
+_STORED: dict[type[BaseModel], type[StoredModel]] = {}  # domain type -> its stored model
 _setattr = object.__setattr__
 
 
@@ -47,13 +47,13 @@ def _construct(cls: type[M], values: dict[str, Any]) -> M:
 
 
 def _holds_stored(annotation: Any) -> bool:
-    if isinstance(annotation, type) and issubclass(annotation, StateModel):
+    if isinstance(annotation, type) and issubclass(annotation, StoredModel):
         return True
     return any(_holds_stored(arg) for arg in typing.get_args(annotation))
 
 
 def _to_domain(value: Any) -> Any:
-    if isinstance(value, StateModel):
+    if isinstance(value, StoredModel):
         return value.to_domain()
     if isinstance(value, list):
         return [_to_domain(item) for item in value]
@@ -69,22 +69,20 @@ def _to_stored(value: Any) -> Any:
     return value
 
 
-class StateModel(BaseModel):
-    """Base of every model kept in keyed state; `v` names the layout that wrote it.
+class StoredModel(BaseModel):
+    """Stored data that converts field by field to a domain type: a `StateModel`, or a part of one (kept inside
+    it, without a version of its own).
 
-    `stores` is the domain type it converts to (a plain pydantic model; None: read as it is), field by field
-    under the same names except those in `renamed` (domain field -> stored field). Fields that hold stored
-    models (also in lists and optionals) convert in turn. A stored model that does not name every field of
-    its domain type, or names one it lacks, is refused when its module loads.
+    `stores` is the domain type (a plain pydantic model; None: read as it is), converted under the same field
+    names except those in `renamed` (domain field -> stored field). Fields that hold stored models (also in
+    lists and optionals) convert in turn. A stored model that does not name every field of its domain type, or
+    names one it lacks, is refused when its module loads.
     """
-
-    model_config = ConfigDict(extra="forbid")
-
-    v: int = STATE_VERSION
 
     stores: ClassVar[type[BaseModel] | None] = None
     renamed: ClassVar[dict[str, str]] = {}
     _pairs: ClassVar[tuple[tuple[str, str, bool], ...]] = ()  # (stored field, domain field, holds stored models)
+    _written: ClassVar[dict[str, Any]] = {}  # fields every stored value carries besides the domain's
 
     @classmethod
     def __pydantic_init_subclass__(cls, **kwargs: Any) -> None:
@@ -93,7 +91,7 @@ class StateModel(BaseModel):
             return
         back = {stored: domain for domain, stored in cls.renamed.items()}
         pairs = [(name, back.get(name, name), _holds_stored(info.annotation))
-                 for name, info in cls.model_fields.items() if name != "v"]
+                 for name, info in cls.model_fields.items() if name not in cls._written]
         named, domain_fields = {domain for _, domain, _ in pairs}, set(cls.stores.model_fields)
         if named != domain_fields:
             raise TypeError(f"{cls.__name__} does not store {cls.stores.__name__} field by field: missing "
@@ -110,15 +108,24 @@ class StateModel(BaseModel):
                                         for stored, domain, nested in self._pairs})
 
     @classmethod
-    def of(cls, value: Any) -> StateModel:
+    def of(cls, value: Any) -> StoredModel:
         """The stored form of a domain object."""
         if cls.stores is None:
             return value
         values = value.__dict__
-        stored = {"v": STATE_VERSION}
+        stored = dict(cls._written)
         for name, domain, nested in cls._pairs:
             stored[name] = _to_stored(values[domain]) if nested else values[domain]
         return _construct(cls, stored)
+
+
+class StateModel(StoredModel):
+    """Base of every model kept in keyed state (a value, or a map's entry); `v` names the layout that wrote it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    v: int = STATE_VERSION
+    _written: ClassVar[dict[str, Any]] = {"v": STATE_VERSION}
 
     @classmethod
     def load(cls, raw: str) -> Any:
@@ -130,7 +137,7 @@ class StateModel(BaseModel):
         return cls.of(value).model_dump_json()
 
 
-class Stored(Protocol):
+class Codec(Protocol):
     """How one named state is kept as text: a StateModel class, or a migration's reader of older entries."""
 
     def load(self, raw: str) -> Any: ...
@@ -161,9 +168,9 @@ def parse_stored(model: type[M], raw: str) -> M:
         raise StateVersionError(f"operator state of {model.__name__} does not parse: {exc}") from None
 
 
-def stored_model(model: type[BaseModel]) -> type[StateModel]:
+def stored_model(model: type[BaseModel]) -> type[StoredModel]:
     """The stored model of a domain type (or the stored model itself)."""
-    if issubclass(model, StateModel):
+    if issubclass(model, StoredModel):
         return model
     if model not in _STORED:
         raise TypeError(f"no stored model stores {model.__name__} (its stage's state schema is not loaded)")
@@ -188,8 +195,8 @@ def dump_model(value: BaseModel) -> str:
 class StateSchema:
     """The named states of one stage, each with how it is stored (None: raw text)."""
 
-    values: dict[str, Stored | None] = field(default_factory=dict)
-    maps: dict[str, Stored | None] = field(default_factory=dict)
+    values: dict[str, Codec | None] = field(default_factory=dict)
+    maps: dict[str, Codec | None] = field(default_factory=dict)
 
 
 def seq_key(seq: int) -> str:

@@ -4,7 +4,8 @@ Per agent: the summary tree (`summarize.tree.SummaryTree`: the frontier's node i
 counters), the nodes it holds (a map by node id: the frontier, and merged nodes while a batch below them is
 editable), the merges and the global being made, when the next global and sweep are due, and the position
 in its memory log. The `*V2` models are the checkpoint layout (version 2: their names and JSON fields are in
-every checkpoint); the domain types beside them may change freely, each conversion being field by field
+every checkpoint; a tree's slots and a job's children are parts of them, without a version of their own);
+the domain types beside them may change freely, each conversion being field by field
 (`flink_memory.state.StateModel`). Nodes are `records.SummaryNode`, an output contract of its own, stored as
 it is.
 """
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import SummaryNode
 from flink_memory.stages.reduce_state import ReduceJobV2
-from flink_memory.state import StateModel, StateSchema
+from flink_memory.state import StateModel, StateSchema, StoredModel
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
 
@@ -69,7 +70,7 @@ class ParentJob(BaseModel):
 # --- the stored layout --------------------------------------------------------------------------------------
 
 
-class SlotV2(StateModel):
+class SlotV2(StoredModel):
     stores: ClassVar = Slot
 
     node_id: str
@@ -93,7 +94,7 @@ class SummaryTreeV2(StateModel):
     legacy_globals: int = 0
 
 
-class ChildRefV2(StateModel):
+class ChildRefV2(StoredModel):
     stores: ClassVar = ChildRef
 
     node_id: str
