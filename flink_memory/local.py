@@ -22,9 +22,10 @@ from flink_memory.config import Config
 from flink_memory.records import DeadLetter, parse_line
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG, Effects, Finished
-from flink_memory.stages.driver import END_OF_INPUT, Driver
+from flink_memory.stages.driver import Driver
+from flink_memory.stages.messages import END, StageMessage
 from flink_memory.stages.protocol import StageCore
-from flink_memory.stages.runner import DEAD_LETTERS, RECORDS, carry_out
+from flink_memory.stages.runner import DEAD_LETTERS, carry_out
 from flink_memory.stages.unit_rows import LogEntry, UnitRows
 from flink_memory.state import MemoryState, Migration, StateTransaction
 from flink_memory.topology import STAGES
@@ -49,10 +50,10 @@ class LocalStage:
         self.state.current_key = key
         return self.driver.transact(self.state, key, call)
 
-    def activate(self, key: str, payload: str | None, finished: Finished, now_ms: int) -> Effects:
-        """A record, END_OF_INPUT or a wake-up (None), as the shell runs it."""
+    def activate(self, key: str, message: StageMessage | None, finished: Finished, now_ms: int) -> Effects:
+        """A message (END: the end of input) or a wake-up (None), as the shell runs it."""
         self.state.current_key = key
-        return self.driver.activate(self.state, key, payload, finished, now_ms)
+        return self.driver.activate(self.state, key, message, finished, now_ms)
 
 
 class _StageRunner:
@@ -85,14 +86,16 @@ class _StageRunner:
             else:
                 times.pop(slot, None)
 
+    def send(self, key: str, message: StageMessage) -> None:
+        pipeline = self.pipeline
+        if self.index + 1 < len(pipeline.stages):
+            pipeline._deliver(self.index + 1, key, message)
+        else:
+            pipeline.summaries.append(json.loads(message.model_dump_json()))  # (as the job writes them)
+
     def emit(self, key: str, channel: str, payload: str) -> None:
         pipeline = self.pipeline
-        if channel == RECORDS:
-            if self.index + 1 < len(pipeline.stages):
-                pipeline._deliver(self.index + 1, key, payload)
-            else:
-                pipeline.summaries.append(json.loads(payload))
-        elif channel == DEAD_LETTERS:
+        if channel == DEAD_LETTERS:
             pipeline.dead_letters.append(DeadLetter.model_validate_json(payload))
         elif channel == MANIFESTS:
             pipeline.manifests.append(json.loads(payload))
@@ -136,7 +139,7 @@ class LocalPipeline:
             if isinstance(parsed, DeadLetter):
                 self.dead_letters.append(parsed)
                 continue
-            self._deliver(0, parsed.agent_id, parsed.model_dump_json())
+            self._deliver(0, parsed.agent_id, parsed)
         return self
 
     def settle(self) -> LocalPipeline:
@@ -163,16 +166,16 @@ class LocalPipeline:
         for index, stage in enumerate(self.stages):
             keys = {k for k, _ in stage.state.values} | {k for k, _ in stage.state.maps}
             for key in sorted(keys):
-                self._deliver(index, key, END_OF_INPUT)
+                self._deliver(index, key, END)
             while self.settle().deadlines:  # backoffs: jump to them
                 self.advance(max(0, (min(self.deadlines.values()) - self.now) / 1000) + 0.001)
         return self
 
     # --- the runner ----------------------------------------------------------------------------------
 
-    def _deliver(self, index: int, key: str, payload: str | None = None) -> None:
-        """A record, END_OF_INPUT or a wake-up (None) for one stage's key, its effects carried out."""
-        carry_out(self._runners[index], key, self.stages[index].activate(key, payload, self.finished, self.now))
+    def _deliver(self, index: int, key: str, message: StageMessage | None = None) -> None:
+        """A message (END: the end of input) or a wake-up (None) for one stage's key, its effects carried out."""
+        carry_out(self._runners[index], key, self.stages[index].activate(key, message, self.finished, self.now))
 
     def _activate(self, index: int, key: str, call: Callable[[StateTransaction], Effects]) -> None:
         """Any call on a stage's state for one key, its effects carried out (e.g. a core's `evict`)."""

@@ -1,7 +1,6 @@
 """Memory that changes, on the stage cores: updates, re-deliveries, deletions, forgetting, sealing, and what
 a change costs. The summarizer keeps every line it is given, so a node's text shows which facts it holds."""
 
-import json
 import math
 from collections import Counter
 
@@ -342,7 +341,7 @@ def test_an_evicted_revision_counts_the_changes_that_reached_it():
         pipeline.end()
     batcher = pipeline.stages[1]
     effects = batcher.run("a", lambda st: batcher.core.evict(st, "internal error"))
-    [node] = [json.loads(out) for out in effects.out]
+    [node] = [out.model_dump() for out in effects.out]
     assert node["node_id"] == "batch-000001-r2" and set(node["replaces"]) == {"batch-000001", "batch-000001-r1"}
 
 

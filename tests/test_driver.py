@@ -10,9 +10,10 @@ import pytest
 from stagekit import Pipeline, cfg, hold_plans
 from test_stages import PLANNED, conversation, item, planner_answer
 
-from flink_memory.records import parse_line
+from flink_memory.records import MemoryUnit, SummaryNode, parse_line
 from flink_memory.stages.calls import Effects, RecordFault
-from flink_memory.stages.driver import END_OF_INPUT, END_ROUNDS, Driver, Waits
+from flink_memory.stages.driver import END_ROUNDS, Driver, Waits
+from flink_memory.stages.messages import END, text_of
 from flink_memory.state import MemoryState, StateSchema
 
 
@@ -26,15 +27,14 @@ def counting() -> tuple[Counter[str], object]:
     return seen, count
 
 
-def record(data: dict) -> str:
-    return parse_line(json.dumps(data)).model_dump_json()
-
-
-# what each stage cannot handle: a poisoned record (planner), a unit and a node that do not parse
+UNIT = MemoryUnit(agent_id="a", unit_id="u1", source_id="u1", text="t")
+NODE = SummaryNode(agent_id="a", node_id="batch-000001", kind="batch", level=1, children=["u1"], text="t",
+                   item_count=1, model="m")
+# what each stage cannot handle: a poisoned record (planner), a message meant for another stage
 CULPRITS = {
-    0: (record(item("a", 1)), "m1"),
-    1: (json.dumps({"agent_id": "a", "unit_id": "u1"}), None),
-    2: (json.dumps({"agent_id": "a", "node_id": "batch-000001"}), None),
+    0: (parse_line(json.dumps(item("a", 1))), "m1"),
+    1: (NODE, None),
+    2: (UNIT, None),
 }
 
 
@@ -44,14 +44,15 @@ def test_a_fault_is_raised_first_and_dead_letters_exactly_its_culprit_when_it_co
     stage = pipeline.stages[index]
     seen, count = counting()
     driver = Driver(stage.core, stage.name, count)
-    payload, record_id = CULPRITS[index]
+    message, record_id = CULPRITS[index]
+    payload = text_of(message)
     backend = MemoryState()
     backend.current_key = "a"
     with pytest.raises(Exception) as first:
-        driver.activate(backend, "a", payload, {}, 1_000)
+        driver.activate(backend, "a", message, {}, 1_000)
     assert not isinstance(first.value, RecordFault) and backend.values == {} and backend.maps == {}
     assert list(seen.values()) == [1]
-    effects = driver.activate(backend, "a", payload, {}, 1_000)  # the same fault again (after a restart)
+    effects = driver.activate(backend, "a", message, {}, 1_000)  # the same fault again (after a restart)
     (dead,) = effects.dead_letters
     assert (dead.raw, dead.stage, dead.agent_id, dead.record_id) == (payload, "internal", "a", record_id)
     assert dead.reason.startswith(f"internal error in the {stage.name} stage: {type(first.value).__name__}")
@@ -83,7 +84,7 @@ class Slow:
     def __init__(self, calls: int) -> None:
         self.calls, self.log = calls, []
 
-    def on_input(self, state, payload, finished, now_ms):
+    def on_input(self, state, message, finished, now_ms):
         return Effects()
 
     def on_end(self, state, finished, now_ms):
@@ -114,11 +115,11 @@ def test_the_end_of_input_rounds_drive_a_key_until_it_is_idle_and_tell_the_next_
     backend = MemoryState()
     told = []
     for index in range(END_ROUNDS):
-        effects = driver.end_round(index, lambda payload: driver.activate(backend, "a", payload, {}, clock[0]),
+        effects = driver.end_round(index, lambda message: driver.activate(backend, "a", message, {}, clock[0]),
                                    waits)
         told.append(driver.tell_next("a", effects))
     assert core.log[0] == "end" and core.log.count("end") == 1
     assert effects.idle and core.calls == -1  # the last round finished the work, however long it was
     assert told.count(True) == 1 and told[-1] == (calls > 2 * (END_ROUNDS - 2))  # said once, when idle
     assert len(waited) <= calls and slept == ([0.5] if calls > 2 * (END_ROUNDS - 2) else [])
-    assert driver.activate(backend, "a", END_OF_INPUT, {}, 0).idle and not driver.tell_next("a", Effects())
+    assert driver.activate(backend, "a", END, {}, 0).idle and not driver.tell_next("a", Effects())

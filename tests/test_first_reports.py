@@ -1,11 +1,10 @@
 """The first requests of a kind go out full: batches opened before the first batch report are packed by it,
 merges and globals count each summary by the provider's own count of it (issue 33)."""
 
-import json
-
 from stagekit import Pipeline, cfg
 
 from flink_memory.local import LocalStage
+from flink_memory.records import MemoryUnit
 from flink_memory.requests import ChatResult, RequestFactory
 from flink_memory.stages.batcher import BatcherCore
 from flink_memory.tokens.calibration import make_calibration
@@ -24,8 +23,8 @@ def batcher():
 
 def unit(agent, i):
     text = f"{agent} paid the invoice on 2026-03-{1 + i % 28:02d} for {100 + i} EUR, reference {100000 + i}."
-    return json.dumps({"agent_id": agent, "unit_id": f"u{i}", "source_id": f"u{i}", "text": text,
-                       "ts": f"2026-03-{1 + i % 28:02d}T10:00:00Z"})
+    return MemoryUnit(agent_id=agent, unit_id=f"u{i}", source_id=f"u{i}", text=text,
+                      ts=f"2026-03-{1 + i % 28:02d}T10:00:00Z")
 
 
 def entries(request):
@@ -82,7 +81,7 @@ def tree_pipeline(*settings):
 
 
 def records(agent, n):
-    return [{k: v for k, v in json.loads(unit(agent, i)).items() if k in ("agent_id", "text", "ts")} | {"id": f"m{i}"}
+    return [{k: v for k, v in unit(agent, i).model_dump().items() if k in ("agent_id", "text", "ts")} | {"id": f"m{i}"}
             for i in range(n)]
 
 

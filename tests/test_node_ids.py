@@ -10,7 +10,7 @@ from flink_memory.ids import NodeId, UnitId
 from flink_memory.records import SummaryNode
 from flink_memory.stages.batcher_state import BatcherMeta
 from flink_memory.stages.merger_state import StoredNode
-from flink_memory.stages.messages import HoldNodes, control_of
+from flink_memory.stages.messages import HoldNodes, from_wire, to_wire
 from flink_memory.state import dump_model, load_model
 from flink_memory.summarize.tree import Slot, SummaryTree
 
@@ -79,8 +79,8 @@ def test_stored_names_stay() -> None:
     stored = StoredNode(node=node, running_revision="merge-L2-000001-r1")
     assert '"revising":"merge-L2-000001-r1"' in dump_model(stored)
     assert load_model(StoredNode, dump_model(stored)) == stored
-    wire = HoldNodes(node_ids=["batch-000001"]).model_dump_json()
-    assert '"control":"revising"' in wire and control_of(wire)[0] == HoldNodes(node_ids=["batch-000001"])
+    tag, wire = to_wire(HoldNodes(node_ids=["batch-000001"]))
+    assert tag == "hold" and from_wire(tag, wire) == HoldNodes(node_ids=["batch-000001"])
 
 
 @pytest.mark.parametrize(("text", "record", "part"), [("m1", "m1", None), ("c7#0", "c7", 0), ("c7#12", "c7", 12),

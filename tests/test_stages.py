@@ -7,6 +7,7 @@ import pytest
 from stagekit import Pipeline, cfg, hold_plans, summary_answer
 
 from flink_memory.migrations import encode_state
+from flink_memory.records import MemoryUnit
 from flink_memory.requests import ContextOverflow, LLMCallError
 from flink_memory.stages.protocol import Culprit
 from flink_memory.state import MemoryState, StateTransaction, StateVersionError
@@ -318,7 +319,7 @@ def test_an_activation_that_raises_leaves_the_state_as_it_was():
 
     core = BatcherCore(cfg("batching.max_items=2"), Pipeline(cfg()).factory)
     tx = StateTransaction(core.schema, state, "a")
-    core.on_input(tx, json.dumps({"agent_id": "a", "unit_id": "u", "source_id": "u", "text": "t"}), {}, 0)
+    core.on_input(tx, MemoryUnit(agent_id="a", unit_id="u", source_id="u", text="t"), {}, 0)
     assert state.values == {} and state.maps == {}  # nothing reaches the backend before commit
     tx.commit()
     assert state.values and state.maps

@@ -5,7 +5,7 @@ import pytest
 from stagekit import Pipeline, cfg, keeping_answer, live
 
 from flink_memory.stages.calls import MEMORY_LOG
-from flink_memory.stages.unit_rows import LogEntry, UnitRows, unit_rows_of
+from flink_memory.stages.unit_rows import LogEntry, UnitRows
 from flink_memory.store import open_store
 
 
@@ -74,10 +74,3 @@ def test_rows_applied_to_a_store_are_recalled_before_their_batch_is_summarized(t
         assert [u.text for u, _ in store.units("a")][1] == "Rent is 900 EUR a month."
         UnitRows(agent_id="a", forget=True).apply(store)
         assert store.units("a") == [] and store.recall("a", "beagle") == []
-
-
-def test_unit_rows_are_told_from_summary_nodes():
-    row = UnitRows(agent_id="a", delete=["m1"]).model_dump_json()
-    assert unit_rows_of(row) == UnitRows(agent_id="a", delete=["m1"])
-    assert unit_rows_of('{"agent_id":"a","node_id":"batch-000001"}') is None
-    assert unit_rows_of({"rows": "units", "agent_id": "a", "forget": True}).forget

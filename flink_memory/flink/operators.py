@@ -25,16 +25,18 @@ from flink_memory.config import Config
 from flink_memory.flink.metrics import REPORT_EVERY_S, CallMeter, Tally
 from flink_memory.flink.state_backend import FlinkState
 from flink_memory.llm.runtime import acquire_runtime, release_runtime
-from flink_memory.records import DeadLetter, InputRecord, parse_line
+from flink_memory.records import DeadLetter, InputRecord, SummaryNode, parse_line
 from flink_memory.requests import ChatRequest
 from flink_memory.stages.calls import Effects
-from flink_memory.stages.driver import END_OF_INPUT, END_ROUNDS, Driver, Waits
-from flink_memory.stages.runner import DEAD_LETTERS, RECORDS, carry_out
+from flink_memory.stages.driver import END_ROUNDS, Driver, Waits
+from flink_memory.stages.messages import END, EndOfInput, StageMessage, from_wire, kind_of, to_wire
+from flink_memory.stages.runner import DEAD_LETTERS, carry_out
 from flink_memory.topology import StageSpec
 
 log = logging.getLogger(__name__)
 
-KEYED = Types.TUPLE([Types.STRING(), Types.STRING()])
+# Between the keyed stages: (agent, tag, JSON), a message of flink_memory.stages.messages
+KEYED = Types.TUPLE([Types.STRING(), Types.STRING(), Types.STRING()])
 _TAGS: dict[str, OutputTag] = {}
 
 _LONG_MAX = 2**63 - 1
@@ -115,11 +117,11 @@ class ParseRecords(ProcessFunction):
             self.tally.add("dead_letters")
             yield DEAD_LETTER_TAG, record.model_dump_json()
             return
-        yield record.agent_id, record.model_dump_json()
+        yield record.agent_id, kind_of(record), record.model_dump_json()
 
 
 class StageFunction(KeyedProcessFunction):
-    """One stage of flink_memory.topology as a keyed function; input and output are (agent, JSON).
+    """One stage of flink_memory.topology as a keyed function; input and output are (agent, tag, JSON).
 
     The stage's core is made in each subtask from `spec.core`; `spec.name` names the stage in logs, metrics
     and `job.inject_failure`. It carries out effects as every runner does (flink_memory.stages.runner): this
@@ -132,7 +134,7 @@ class StageFunction(KeyedProcessFunction):
         self.config_json = config_json
         self.output_dir = output_dir
         self.bounded = bounded
-        self.keyed_output = keyed_output  # (agent, JSON) for the next stage, or the JSON alone (the last)
+        self.keyed_output = keyed_output  # (agent, tag, JSON) for the next stage, or the JSON alone (the last)
 
     def open(self, runtime_context: RuntimeContext) -> None:
         _quiet_chatty_loggers()
@@ -179,10 +181,19 @@ class StageFunction(KeyedProcessFunction):
     # --- activations ---------------------------------------------------------------------------------
 
     def process_element(self, value: Any, ctx: KeyedProcessFunction.Context):
-        key, payload = value  # (keyed by value[0]: asking Flink for the key would be a call into the JVM)
+        key, tag, body = value  # (keyed by value[0]: asking Flink for the key would be a call into the JVM)
         outputs: list[Any] = []
-        effects = self._run(ctx, key, payload, outputs)
-        if payload == END_OF_INPUT:  # the stage before has finished this agent's input: so has this one
+        try:
+            message = from_wire(tag, body)
+        except ValueError as exc:  # (pydantic's ValidationError is one)
+            self.timer_service, self.outputs, self.now = ctx.timer_service(), outputs, _now_ms()
+            effects = self.driver.unreadable(key, tag, body, exc)
+            carry_out(self, key, effects)
+            self._account(effects)
+            yield from outputs
+            return
+        effects = self._run(ctx, key, message, outputs)
+        if isinstance(message, EndOfInput):  # the stage before has finished this agent's input: so has this one
             self._tell_next(key, effects, outputs)
         yield from outputs
 
@@ -200,23 +211,23 @@ class StageFunction(KeyedProcessFunction):
             yield from outputs
             return
         effects = self.driver.end_round(END_TIMERS.index(timestamp),
-                                        lambda payload: self._run(ctx, key, payload, outputs), self.waits)
+                                        lambda message: self._run(ctx, key, message, outputs), self.waits)
         self._tell_next(key, effects, outputs)
         yield from outputs
 
     def _tell_next(self, key: str, effects: Effects, outputs: list[Any]) -> None:
         if self.keyed_output and self.driver.tell_next(key, effects):
-            outputs.append((key, END_OF_INPUT))
+            outputs.append((key, *to_wire(END)))
 
-    def _run(self, ctx: Any, key: str, payload: str | None, outputs: list[Any]) -> Effects:
-        """Run the core once for the current key (a record, END_OF_INPUT, or None: a wake-up) and carry out
-        its effects; returns them."""
+    def _run(self, ctx: Any, key: str, message: StageMessage | None, outputs: list[Any]) -> Effects:
+        """Run the core once for the current key (a message, or None: a wake-up) and carry out its effects;
+        returns them."""
         self.activations += 1
         now = _now_ms()
         _fault_hook(self.config.job.inject_failure, self.label, self.activations, self.drill_due)  # (restarts)
-        self.drill_due = self._took_drill_node(key, payload)
+        self.drill_due = self._took_drill_node(key, message)
         self.state.key = key
-        effects = self.driver.activate(self.state, key, payload, self.pool.finished(), now)
+        effects = self.driver.activate(self.state, key, message, self.pool.finished(), now)
         self.timer_service, self.outputs, self.now = ctx.timer_service(), outputs, now
         carry_out(self, key, effects)
         self._account(effects)  # (before the pool forgets the results: an injected failure keeps them)
@@ -241,18 +252,18 @@ class StageFunction(KeyedProcessFunction):
             self.pending[key] = ([r.digest for r in effects.waiting], effects.wake_at_ms)
         self._schedule(self.timer_service, key, effects, self.now)
 
-    def emit(self, key: str, channel: str, payload: str) -> None:
-        if channel == RECORDS:
-            self.outputs.append((key, payload) if self.keyed_output else payload)
-        else:
-            self.outputs.append((output_tag(channel), payload))
+    def send(self, key: str, message: StageMessage) -> None:
+        self.outputs.append((key, *to_wire(message)) if self.keyed_output else message.model_dump_json())
 
-    def _took_drill_node(self, key: str, payload: str | None) -> bool:
+    def emit(self, key: str, channel: str, payload: str) -> None:
+        self.outputs.append((output_tag(channel), payload))
+
+    def _took_drill_node(self, key: str, message: StageMessage | None) -> bool:
         spec = self.config.job.inject_failure
-        if not spec or not spec.startswith(f"{self.label}:after:") or payload is None:
+        if not spec or not spec.startswith(f"{self.label}:after:") or not isinstance(message, SummaryNode):
             return False
         agent, node_id = spec.split(":", 3)[2].split("/", 1)
-        return key == agent and f'"node_id":"{node_id}"' in payload
+        return key == agent and message.node_id == node_id
 
     # --- waiting at the end of input -----------------------------------------------------------------
 

@@ -35,7 +35,7 @@ from flink_memory.stages.batcher_state import (
     UnitHome,
 )
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
-from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, control_of
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, StageMessage
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten, log_line
 from flink_memory.state import StateTransaction
@@ -58,17 +58,18 @@ class BatcherCore(BatchRevisions):
 
     # --- activations ---------------------------------------------------------------------------------
 
-    def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
-        control, data = control_of(payload)
+    def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
         effects = Effects()
-        if isinstance(control, ForgetAgent):
+        if isinstance(message, ForgetAgent):
             self._forget(state, buffer, meta, effects)
             return self._finish(state, buffer, meta, effects, now_ms)
-        if isinstance(control, Retract):
-            self._retract(state, buffer, meta, control.units, finished, now_ms, effects)
+        if isinstance(message, Retract):
+            self._retract(state, buffer, meta, message.units, finished, now_ms, effects)
             return self._finish(state, buffer, meta, effects, now_ms)
-        unit = MemoryUnit.model_validate(data)
+        if not isinstance(message, MemoryUnit):
+            raise TypeError(f"the batcher takes memory units, retractions and forgets, not {type(message).__name__}")
+        unit = message
         meta.ended = False
         seq = buffer.next_seq
         state.put(UNITS, _key(seq), StoredUnit(unit=unit, arrived_ms=now_ms))
@@ -240,11 +241,10 @@ class BatcherCore(BatchRevisions):
 
     def _out(self, meta: BatcherMeta, effects: Effects, node: SummaryNode) -> None:
         """A batch node to the merger and, as retention keeps it, into the agent's batcher log."""
-        line = node.model_dump_json()
-        effects.out.append(line)
+        effects.out.append(node)
         if self.log_nodes:
             meta.log_seq += 1
-            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", line))
+            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", node.model_dump_json()))
 
     def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
               replaces: list[str] | None = None) -> SummaryNode:
@@ -303,7 +303,7 @@ class BatcherCore(BatchRevisions):
             done.target = max(done.target, done.revision + (1 if seq in meta.resummarizing else 0)) + 1
             if seq not in meta.resummarizing:
                 meta.resummarizing.append(seq)
-                effects.out.append(HoldNodes(node_ids=[done.live]).model_dump_json())
+                effects.out.append(HoldNodes(node_ids=[done.live]))
             self._resummarize(state, meta, done, finished, now_ms, effects)
         self._emit(state, meta, effects, now_ms)
 
@@ -314,7 +314,7 @@ class BatcherCore(BatchRevisions):
         buffer.take()
         meta.next_emit, meta.resummarizing, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
         _send(meta, effects, [forgotten(state.key)])
-        effects.out.append(ForgetAgent().model_dump_json())
+        effects.out.append(ForgetAgent())
 
     # --- the end of an activation ------------------------------------------------------------------
 

@@ -15,6 +15,7 @@ from typing import Any, Literal, Protocol
 
 from flink_memory.records import DeadLetter
 from flink_memory.requests import ChatRequest, ChatResult, ContextOverflow, LLMCallError
+from flink_memory.stages.messages import StageMessage
 
 # Results of finished calls by request digest: a ChatResult, or the error the call ended with.
 Finished = Mapping[str, "ChatResult | BaseException"]
@@ -124,7 +125,7 @@ def drive(job: CallJob, context: Any, finished: Finished, now_ms: int, retry: Re
 class Effects:
     """What one activation of a stage core asks the shell to do."""
 
-    out: list[str] = field(default_factory=list)  # main output, keyed by the current agent
+    out: list[StageMessage] = field(default_factory=list)  # to the next stage (the last's: out of the job)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     side: dict[str, list[str]] = field(default_factory=dict)  # per side channel (flink_memory.topology.CHANNELS)
     start: list[ChatRequest] = field(default_factory=list)

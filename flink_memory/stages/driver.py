@@ -23,14 +23,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flink_memory.digests import digest_parts
+from flink_memory.records import DeadLetter
 from flink_memory.stages.calls import Effects, Finished, RecordFault
+from flink_memory.stages.messages import END, EndOfInput, StageMessage, text_of
 from flink_memory.stages.protocol import Culprit, StageCore
 from flink_memory.state import Migration, StateBackend, StateTransaction
 
 log = logging.getLogger(__name__)
 
-# Between stages: "this agent's input has ended here" (a stage's own keyed records are JSON objects).
-END_OF_INPUT = "end-of-input"
 END_ROUNDS = 8  # rounds per key at the end of input (batch, merges, global) before the last one drains
 MAX_EVICTIONS = 1000  # queued records one activation may dead-letter before it gives up (a loop guard)
 
@@ -76,20 +76,21 @@ class Driver:
         state.commit()
         return effects
 
-    def activate(self, backend: StateBackend, key: str, payload: str | None, finished: Finished,
+    def activate(self, backend: StateBackend, key: str, message: StageMessage | None, finished: Finished,
                  now_ms: int) -> Effects:
-        """Run the core once: for a record (`payload`), the end of input (END_OF_INPUT) or a wake-up (None)."""
+        """Run the core once: for a message of the stage before (EndOfInput: the end of input) or a wake-up
+        (None)."""
         evicted, faults = [], 0
         for _ in range(MAX_EVICTIONS):
             try:
                 state = self.load(backend, key)
-                effects = self._run(state, payload, finished, now_ms)
+                effects = self._run(state, message, finished, now_ms)
                 state.commit()
                 break
             except Exception as exc:  # a bug of ours for a record: a restart first, then a dead letter
                 if self.count_fault is None:
                     raise
-                effects, again = self._fault(backend, key, exc, payload)
+                effects, again = self._fault(backend, key, exc, message)
                 faults += 1
                 if not again:
                     break
@@ -101,20 +102,33 @@ class Driver:
             effects.counts["internal_errors"] += faults
         return effects
 
-    def _run(self, state: StateTransaction, payload: str | None, finished: Finished, now_ms: int) -> Effects:
-        if payload is None:
-            return self.core.on_wake(state, finished, now_ms)
-        if payload == END_OF_INPUT:
-            return self.core.on_end(state, finished, now_ms)
-        return self.core.on_input(state, payload, finished, now_ms)
+    def unreadable(self, key: str, tag: str, body: str, exc: Exception) -> Effects:
+        """A message of the stage before that does not parse (an error of ours, like any other: raised the first
+        time, a dead letter when it comes again)."""
+        if self.count_fault is None or self.count_fault(digest_parts([self.label, key, tag, body])) <= 1:
+            raise exc
+        reason = f"internal error in the {self.label} stage: a {tag!r} message does not parse: {exc}"
+        log.error("%s: %s; dead-lettered, the job goes on", self.label, reason)
+        effects = Effects(dead_letters=[DeadLetter(raw=body, reason=reason, stage="internal", agent_id=key)])
+        effects.counts["internal_errors"] += 1
+        return effects
 
-    def _fault(self, backend: StateBackend, key: str, exc: Exception, payload: str | None) -> tuple[Effects, bool]:
+    def _run(self, state: StateTransaction, message: StageMessage | None, finished: Finished,
+             now_ms: int) -> Effects:
+        if message is None:
+            return self.core.on_wake(state, finished, now_ms)
+        if isinstance(message, EndOfInput):
+            return self.core.on_end(state, finished, now_ms)
+        return self.core.on_input(state, message, finished, now_ms)
+
+    def _fault(self, backend: StateBackend, key: str, exc: Exception,
+               message: StageMessage | None) -> tuple[Effects, bool]:
         """Raise the first time; evict the culprit when it comes again. Returns the eviction's effects, and
         whether the activation must run again: a record evicted out of the stage's queue is not the one
         this activation brought, which still has to be handled."""
         held = exc if isinstance(exc, RecordFault) else None
-        brought = None if payload == END_OF_INPUT else payload
-        blamed = held.payload if held is not None else brought
+        brought = None if message is None or isinstance(message, EndOfInput) else message
+        blamed = held.payload if held is not None else (text_of(brought) if brought is not None else None)
         if held is not None and isinstance(held.cause, Exception):
             exc = held.cause
         if self.count_fault(digest_parts([self.label, key, blamed or "wake", type(exc).__name__])) <= 1:
@@ -128,17 +142,17 @@ class Driver:
             if effects.dead_letters:
                 state.commit()
                 return effects, True
-        effects = self.core.evict(state, reason, Culprit(payload=brought))
+        effects = self.core.evict(state, reason, Culprit(message=brought))
         state.commit()
         return effects, False
 
     # --- the end of input -----------------------------------------------------------------------------
 
-    def end_round(self, index: int, activate: Callable[[str | None], Effects], waits: Waits) -> Effects:
+    def end_round(self, index: int, activate: Callable[[StageMessage | None], Effects], waits: Waits) -> Effects:
         """Round `index` (0 to END_ROUNDS - 1) of one key; `activate` runs the key once and carries out its
         effects (see the module's docstring for the rule)."""
         if index == 0:
-            return activate(END_OF_INPUT)
+            return activate(END)
         last = index == END_ROUNDS - 1
         effects = activate(None)
         while effects.waiting or (last and effects.wake_at_ms is not None):
@@ -152,7 +166,7 @@ class Driver:
         return effects
 
     def tell_next(self, key: str, effects: Effects) -> bool:
-        """After an end-of-input activation: whether to send END_OF_INPUT on now (once per key, when idle)."""
+        """After an end-of-input activation: whether to send the end of input on now (once per key, when idle)."""
         if effects.idle and key not in self.told:
             self.told.add(key)
             return True

@@ -37,7 +37,7 @@ from flink_memory.stages.merger_state import (
     ParentJob,
     StoredNode,
 )
-from flink_memory.stages.messages import ForgetAgent, HoldNodes, control_of
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, StageMessage
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateTransaction, dump_model
@@ -45,7 +45,6 @@ from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
-BATCH = '"kind":"batch"'  # (in a node's JSON: its kind; a string value never holds an unescaped quote)
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
@@ -65,17 +64,18 @@ class MergerCore(TreeRevisions):
 
     # --- activations ---------------------------------------------------------------------------------
 
-    def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
+    def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
         tree, schedule = self._load(state)
         effects = Effects()
-        control, data = control_of(payload)
-        if isinstance(control, ForgetAgent):
+        if isinstance(message, ForgetAgent):
             self._forget(state, tree, schedule, effects)
             return self._settle(state, tree, schedule, effects)
-        if isinstance(control, HoldNodes):
-            self._hold(state, control.node_ids)
+        if isinstance(message, HoldNodes):
+            self._hold(state, message.node_ids)
             return self._settle(state, tree, schedule, effects)
-        node = SummaryNode.model_validate(data)
+        if not isinstance(message, SummaryNode):
+            raise TypeError(f"the merger takes summary nodes, holds and forgets, not {type(message).__name__}")
+        node = message
         schedule.ended = False
         if schedule.first_node_ms is None:
             schedule.first_node_ms = now_ms
@@ -124,7 +124,7 @@ class MergerCore(TreeRevisions):
 
     def _write(self, node: SummaryNode, effects: Effects) -> None:
         if node.kind in self.keep:
-            effects.out.append(node.model_dump_json())
+            effects.out.append(node)
 
     def _arrive(self, state: StateTransaction, tree: SummaryTree, node: SummaryNode, now_ms: int,
                 finished: Finished, effects: Effects) -> None:
@@ -211,12 +211,13 @@ class MergerCore(TreeRevisions):
         state.set(TREE, tree)
         state.set(SCHEDULE, schedule)
         effects.sweep(schedule.next_sweep_ms)
-        written = [line for line in effects.out if BATCH not in line]  # (the batcher logs its own nodes)
+        # the merges and globals it wrote (the batcher logs its own nodes)
+        written = [n for n in effects.out if isinstance(n, SummaryNode) and n.kind != "batch"]
         if written:
             position = state.get(LOG, LogPosition) or LogPosition()
-            for line in written:
+            for node in written:
                 position.seq += 1
-                effects.emit(MEMORY_LOG, log_line("merger", state.key, position.seq, "node", line))
+                effects.emit(MEMORY_LOG, log_line("merger", state.key, position.seq, "node", node.model_dump_json()))
             state.set(LOG, position)
         return effects
 

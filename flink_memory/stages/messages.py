@@ -1,15 +1,17 @@
-"""What a stage tells the next one besides its records: retract units, hold nodes being made again, forget.
+"""What flows between the keyed stages: one tagged union, parsed once where a stage receives it.
 
-Records between stages are JSON objects: memory units (planner -> batcher) and summary nodes (batcher ->
-merger). A control message is a JSON object with `"control"`, which neither of those has.
+The planner receives input records, the batcher memory units, the merger summary nodes; besides them a stage
+tells the next one to retract units, to forget an agent, to hold nodes being made again, and that an agent's
+input has ended. Each message has a tag (`kind_of`); between Flink operators it travels as the pair (tag, JSON),
+so the receiving shell picks the model by its tag (`from_wire`) and never guesses from the JSON. The in-memory
+runner hands the objects over as they are. A stage's core receives a `StageMessage`, never text.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any, Literal
-
 from pydantic import BaseModel, ConfigDict
+
+from flink_memory.records import RECORD_KINDS, InputRecord, MemoryUnit, SummaryNode
 
 
 class _Control(BaseModel):
@@ -19,7 +21,6 @@ class _Control(BaseModel):
 class Retract(_Control):
     """Units of a record that was updated or deleted: they must leave every live node."""
 
-    control: Literal["retract"] = "retract"
     units: list[str]
     reason: str
 
@@ -27,24 +28,54 @@ class Retract(_Control):
 class ForgetAgent(_Control):
     """Everything of this agent goes; node ids keep counting, so nothing written before is reused."""
 
-    control: Literal["forget"] = "forget"
-
 
 class HoldNodes(_Control):
     """Batch nodes being summarized again after a change: the merger holds them, and what their replacements
     will be merged with, in its state until the replacements arrive, however long their calls take."""
 
-    control: Literal["revising"] = "revising"  # (its wire value, also in checkpointed in-flight messages)
     node_ids: list[str]
 
 
-Control = Retract | ForgetAgent | HoldNodes
-_CONTROLS: dict[str, type[Control]] = {"retract": Retract, "forget": ForgetAgent, "revising": HoldNodes}
+class EndOfInput(_Control):
+    """This agent's input has ended at the stage before (a bounded input): close what is open, do not wait."""
 
 
-def control_of(payload: str) -> tuple[Control | None, dict[str, Any]]:
-    """(the control message, None for a record) and the parsed JSON."""
-    data = json.loads(payload)
-    if "control" not in data:
-        return None, data
-    return _CONTROLS[data["control"]].model_validate(data), data
+Control = Retract | ForgetAgent | HoldNodes | EndOfInput
+StageMessage = InputRecord | MemoryUnit | SummaryNode | Control
+
+_MODELS: dict[str, type[BaseModel]] = {
+    **RECORD_KINDS,  # (an input record's tag is its `kind`)
+    "unit": MemoryUnit,
+    "node": SummaryNode,
+    "retract": Retract,
+    "forget-agent": ForgetAgent,
+    "hold": HoldNodes,
+    "end": EndOfInput,
+}
+_TAGS: dict[type[BaseModel], str] = {model: tag for tag, model in _MODELS.items()}
+END = EndOfInput()
+
+
+def kind_of(message: StageMessage) -> str:
+    return _TAGS[type(message)]
+
+
+def to_wire(message: StageMessage) -> tuple[str, str]:
+    """(tag, JSON): how a message crosses a Flink boundary."""
+    tag = _TAGS[type(message)]
+    return tag, "" if tag == "end" else message.model_dump_json()
+
+
+def from_wire(tag: str, body: str) -> StageMessage:
+    """The message a (tag, JSON) pair carries; a tag of no message is an error of ours (ValueError)."""
+    if tag == "end":
+        return END
+    model = _MODELS.get(tag)
+    if model is None:
+        raise ValueError(f"no stage message is tagged {tag!r} (tags: {', '.join(_MODELS)})")
+    return model.model_validate_json(body)  # type: ignore[return-value]
+
+
+def text_of(message: StageMessage) -> str:
+    """The message as text (a dead letter's `raw`, a fault's fingerprint)."""
+    return message.model_dump_json()

@@ -29,17 +29,19 @@ from flink_memory.chunking.plans import ChunkPlanner, PlanJob, PlanTask, Prepare
 from flink_memory.config import Config
 from flink_memory.digests import digest
 from flink_memory.records import (
+    RECORD_KINDS,
     Content,
     Conversation,
     DeadLetter,
     Deletion,
     Forget,
     InputRecord,
+    MemoryUnit,
     record_from_json,
 )
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, RetryPolicy, drive
-from flink_memory.stages.messages import ForgetAgent, Retract
+from flink_memory.stages.messages import ForgetAgent, Retract, StageMessage, text_of
 from flink_memory.stages.planner_retention import SourceRetention
 from flink_memory.stages.planner_state import (
     CLOCK,
@@ -85,12 +87,15 @@ class PlannerCore(SourceRetention):
 
     # --- activations ---------------------------------------------------------------------------------
 
-    def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
+    def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
+        if not isinstance(message, tuple(RECORD_KINDS.values())):
+            raise TypeError(f"the planner takes input records, not {type(message).__name__}")
+        payload = text_of(message)  # (the queue keeps records as text)
         head = self._head(state)
         if head.first == head.next:  # nothing waits before it: handle it at once, queue it only if it must wait
             effects = Effects()
             entry = QueuedRecord(payload=payload)
-            if self._guarded(state, entry, None, finished, now_ms, effects):
+            if self._guarded(state, entry, None, finished, now_ms, effects, message):
                 self._sweep(state, now_ms, effects)
                 return effects
             state.put(QUEUE, seq_key(head.next), entry)
@@ -113,8 +118,8 @@ class PlannerCore(SourceRetention):
         was making is undone: the version before stays. A record the activation brought was not queued yet."""
         culprit = culprit or Culprit()
         effects = Effects()
-        if culprit.seq is None and culprit.payload is not None:
-            record_id = json.loads(culprit.payload).get("id")
+        if culprit.seq is None and culprit.message is not None:
+            record_id = getattr(culprit.message, "id", None)
             effects.dead_letters.append(culprit.dead_letter(reason, state.key, record_id))  # type: ignore[arg-type]
             return effects
         head = self._head(state)
@@ -153,19 +158,20 @@ class PlannerCore(SourceRetention):
     # --- one record ----------------------------------------------------------------------------------
 
     def _guarded(self, state: StateTransaction, entry: QueuedRecord, seq: int | None, finished: Finished,
-                 now_ms: int, effects: Effects) -> bool:
+                 now_ms: int, effects: Effects, record: InputRecord | None = None) -> bool:
         """`_handle`, with an error of ours blamed on this record (see RecordFault)."""
         try:
-            return self._handle(state, entry, finished, now_ms, effects)
+            return self._handle(state, entry, finished, now_ms, effects, record)
         except StateVersionError:  # state this release cannot read: the job stops with the reason
             raise
         except Exception as exc:
             raise RecordFault(entry.payload, seq, exc) from exc
 
     def _handle(self, state: StateTransaction, entry: QueuedRecord, finished: Finished, now_ms: int,
-                effects: Effects) -> bool:
-        """Handle the record at the head of the queue; False while it waits for the planner."""
-        record = record_from_json(json.loads(entry.payload))
+                effects: Effects, record: InputRecord | None = None) -> bool:
+        """Handle the record at the head of the queue (`record`: the entry's, when the caller has it parsed);
+        False while it waits for the planner."""
+        record = record or record_from_json(json.loads(entry.payload))
         if self.poison == (record.agent_id, getattr(record, "id", None)):
             raise RuntimeError(f"injected failure for record {record.agent_id}/{record.id} (job.inject_failure)")
         if isinstance(record, Forget):
@@ -269,7 +275,7 @@ class PlannerCore(SourceRetention):
         if self._sealed(previous, now_ms):
             effects.dead_letters.append(_dead(record, self._sealed_reason(record.id), "change"))
             return
-        effects.out.append(Retract(units=previous.units, reason=f"record {record.id} deleted").model_dump_json())
+        effects.out.append(Retract(units=previous.units, reason=f"record {record.id} deleted"))
         effects.counts["deletions"] += 1
         state.put(SOURCES, record.id, None)
 
@@ -278,7 +284,7 @@ class PlannerCore(SourceRetention):
         for name in (SOURCES, PLANS):
             state.clear_map(name)
         state.set(CLOCK, None)
-        effects.out.append(ForgetAgent().model_dump_json())
+        effects.out.append(ForgetAgent())
         effects.counts["agents_forgotten"] += 1
 
     def _source(self, state: StateTransaction, record_id: str) -> SourceEntry | None:
@@ -311,7 +317,7 @@ class PlannerCore(SourceRetention):
             state.put(SOURCES, record.id, previous)  # the old version stays what this id stands for
             return
         if previous is not None:  # an update: the old version's units leave before the new ones arrive
-            effects.out.append(Retract(units=previous.units, reason=f"record {record.id} updated").model_dump_json())
+            effects.out.append(Retract(units=previous.units, reason=f"record {record.id} updated"))
             effects.counts["updates"] += 1
         manifest = routed.manifest
         if manifest is not None:
@@ -325,5 +331,5 @@ class PlannerCore(SourceRetention):
         if content is None:  # (the content digest `_accept` compared, when the caller has it)
             content = manifest.input_digest if routed.manifest else item_digest(record)
         state.put(SOURCES, record.id, SourceEntry(digest=content, units=units, accepted_ms=now_ms))
-        effects.out.extend(json.dumps(unit, ensure_ascii=False) for unit in routed.units)
+        effects.out.extend(MemoryUnit.model_validate(unit) for unit in routed.units)
 

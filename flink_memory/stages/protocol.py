@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from flink_memory.records import DeadLetter
 from flink_memory.stages.calls import Effects, Finished
+from flink_memory.stages.messages import StageMessage, text_of
 from flink_memory.state import StateSchema, StateTransaction
 
 if TYPE_CHECKING:
@@ -22,17 +23,18 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Culprit:
-    """What an error of ours is blamed on: the record the activation brought (`payload`; None for a wake-up
+    """What an error of ours is blamed on: the message the activation brought (`message`; None for a wake-up
     or an end of input) and/or a record the stage holds in its queue (`seq`, from a RecordFault)."""
 
-    payload: str | None = None
+    message: StageMessage | None = None
     seq: int | None = None
 
     def dead_letter(self, reason: str, agent_id: str, record_id: str | None = None) -> DeadLetter | None:
-        """The brought record as a dead letter (None when the activation brought none)."""
-        if self.payload is None:
+        """The brought message as a dead letter (None when the activation brought none)."""
+        if self.message is None:
             return None
-        return DeadLetter(raw=self.payload, reason=reason, stage="internal", agent_id=agent_id, record_id=record_id)
+        return DeadLetter(raw=text_of(self.message), reason=reason, stage="internal", agent_id=agent_id,
+                          record_id=record_id)
 
 
 class StageCore(Protocol):
@@ -40,8 +42,8 @@ class StageCore(Protocol):
 
     schema: StateSchema
 
-    def on_input(self, state: StateTransaction, payload: str, finished: Finished, now_ms: int) -> Effects:
-        """A record (JSON) of the stage before."""
+    def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
+        """A message of the stage before (flink_memory.stages.messages)."""
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         """Calls finished or a deadline came due: go on with what is pending."""

@@ -12,8 +12,8 @@ from typing import Protocol
 
 from flink_memory.requests import ChatRequest
 from flink_memory.stages.calls import Effects
+from flink_memory.stages.messages import StageMessage
 
-RECORDS = "records"  # the stage's records, for the next stage
 DEAD_LETTERS = "dead-letters"
 
 
@@ -27,13 +27,16 @@ class Runner(Protocol):
     def wake(self, key: str, effects: Effects) -> None:
         """Set the key's wake-ups: when its calls should be done, its next deadline, its housekeeping."""
 
+    def send(self, key: str, message: StageMessage) -> None:
+        """Send one message of the key to the next stage (the last stage's summary nodes: out of the job)."""
+
     def emit(self, key: str, channel: str, payload: str) -> None:
-        """Send one output of the key on `channel` (RECORDS, DEAD_LETTERS or a side channel)."""
+        """Send one output of the key on `channel` (DEAD_LETTERS or a side channel), as JSON text."""
 
 
 def carry_out(runner: Runner, key: str, effects: Effects) -> None:
     """Carry out one activation's effects. Side channels and dead letters go before the records: a runner that
-    hands records straight to the next stage (the in-memory one) then keeps each channel in the order written."""
+    hands messages straight to the next stage (the in-memory one) then keeps each channel in the order written."""
     runner.start(effects.start)
     runner.forget(effects.consumed)
     runner.wake(key, effects)
@@ -42,5 +45,5 @@ def carry_out(runner: Runner, key: str, effects: Effects) -> None:
             runner.emit(key, channel, payload)
     for dead in effects.dead_letters:
         runner.emit(key, DEAD_LETTERS, dead.model_dump_json())
-    for payload in effects.out:
-        runner.emit(key, RECORDS, payload)
+    for message in effects.out:
+        runner.send(key, message)

@@ -16,7 +16,7 @@ forgotten agent leave the store the same way. A unit sealed by `memory.editable_
 from __future__ import annotations
 
 import json
-from typing import Any, Literal, Protocol
+from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -41,7 +41,7 @@ class UnitRows(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    rows: Literal["units"] = "units"  # (first in the JSON: how a reader tells these from summary nodes)
+    rows: Literal["units"] = "units"  # (kept: the memory logs written so far carry it)
     agent_id: str
     seq: int = 0
     forget: bool = False
@@ -77,17 +77,6 @@ class LogEntry(BaseModel):
 def log_line(by: Writer, agent_id: str, seq: int, field: Literal["node", "units"], line: str) -> str:
     """A LogEntry's JSON around a node's or UnitRows' JSON, without parsing it again."""
     return f'{{"by":"{by}","agent_id":{json.dumps(agent_id, ensure_ascii=False)},"seq":{seq},"{field}":{line}}}'
-
-
-PREFIX = '{"rows":"units"'
-
-
-def unit_rows_of(value: str | bytes | dict[str, Any]) -> UnitRows | None:
-    """The UnitRows a store-bound element is, or None (a summary node)."""
-    if isinstance(value, dict):
-        return UnitRows.model_validate(value) if value.get("rows") == "units" else None
-    text = value.decode() if isinstance(value, bytes) else value
-    return UnitRows.model_validate_json(text) if text.startswith(PREFIX) else None
 
 
 def accepted(unit: MemoryUnit) -> UnitRows:
