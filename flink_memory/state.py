@@ -82,6 +82,7 @@ class StoredModel(BaseModel):
     stores: ClassVar[type[BaseModel] | None] = None
     renamed: ClassVar[dict[str, str]] = {}
     _pairs: ClassVar[tuple[tuple[str, str, bool], ...]] = ()  # (stored field, domain field, holds stored models)
+    _plain: ClassVar[bool] = False  # the domain's fields under the same names, none holding stored models
     _written: ClassVar[dict[str, Any]] = {}  # fields every stored value carries besides the domain's
 
     @classmethod
@@ -97,6 +98,7 @@ class StoredModel(BaseModel):
             raise TypeError(f"{cls.__name__} does not store {cls.stores.__name__} field by field: missing "
                             f"{sorted(domain_fields - named)}, unknown {sorted(named - domain_fields)}")
         cls._pairs = tuple(pairs)
+        cls._plain = all(stored == domain and not nested for stored, domain, nested in pairs)
         _STORED[cls.stores] = cls
 
     def to_domain(self) -> Any:
@@ -104,6 +106,11 @@ class StoredModel(BaseModel):
         if self.stores is None:
             return self
         values = self.__dict__
+        if self._plain:  # (the common case: a copy of the fields, which are the domain's)
+            plain = values.copy()
+            for name in self._written:
+                del plain[name]
+            return _construct(self.stores, plain)
         return _construct(self.stores, {domain: _to_domain(values[stored]) if nested else values[stored]
                                         for stored, domain, nested in self._pairs})
 
@@ -113,6 +120,8 @@ class StoredModel(BaseModel):
         if cls.stores is None:
             return value
         values = value.__dict__
+        if cls._plain:
+            return _construct(cls, {**cls._written, **values})
         stored = dict(cls._written)
         for name, domain, nested in cls._pairs:
             stored[name] = _to_stored(values[domain]) if nested else values[domain]
