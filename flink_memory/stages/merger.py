@@ -30,8 +30,8 @@ from flink_memory.stages.messages import ForgetAgent, HoldNodes, StageMessage
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateModel, StateSchema, StateTransaction
-from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
+from flink_memory.summarize.rooms import child_target
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
 TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"

@@ -46,7 +46,7 @@ from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault,
 from flink_memory.stages.messages import ForgetAgent, Retract, StageMessage, text_of
 from flink_memory.stages.protocol import Culprit
 from flink_memory.state import StateModel, StateSchema, StateTransaction, StateVersionError, seq_key
-from flink_memory.summarize.prompts import batch_item_room
+from flink_memory.summarize.rooms import batch_item_room
 
 HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
 

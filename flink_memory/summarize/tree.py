@@ -19,7 +19,7 @@ from flink_memory.ids import NodeId
 from flink_memory.records import SummaryNode
 from flink_memory.state import StateModel
 from flink_memory.summarize.prompts import Packer
-from flink_memory.summarize.reduce import entry_limit
+from flink_memory.summarize.rooms import entry_limit
 from flink_memory.tokens.budget import Budget
 
 
