@@ -1,6 +1,6 @@
 """The start-up check of the token budget: what it accepts never makes a request that does not fit.
 
-It measures the same frames and costs the request builders use (`summarize.prompts`, the chunk planner), with
+It asks the same rooms the packers use (`summarize.rooms`; the chunk planner's for plans), with
 the conservative estimate unless a counter is given, and refuses an impossible window with the smallest
 `llm.context_window` that works for the other settings.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 from flink_memory.chunking.plans import PLAN_OUTPUT_TOKENS, ChunkPlanner
 from flink_memory.config import Config, ConfigError
 from flink_memory.requests import RequestFactory
-from flink_memory.summarize.prompts import Packer, batch_item_room, child_target, entry_room
+from flink_memory.summarize.prompts import Packer
+from flink_memory.summarize.rooms import batch_item_room, child_target, entry_room
 from flink_memory.tokens.counter import TokenCounter
 
 # A summary of N model tokens counts up to this many N by the calibrated estimate (merges and later rounds

@@ -20,7 +20,7 @@ from flink_memory.chunking.plans import ChunkPlanner, PlanJob, prepare
 from flink_memory.config import load_config
 from flink_memory.records import Conversation, MemoryItem, TrustedConversation
 from flink_memory.requests import RequestFactory
-from flink_memory.summarize.prompts import batch_item_room
+from flink_memory.summarize.rooms import batch_item_room
 from flink_memory.tokens.estimate import estimate_messages
 
 messages_st = st.lists(

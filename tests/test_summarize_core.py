@@ -7,9 +7,10 @@ import pytest
 from flink_memory.config import load_config
 from flink_memory.records import SummaryNode
 from flink_memory.requests import ChatResult, RequestFactory
-from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
+from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import ReduceJob
+from flink_memory.summarize.rooms import BatchLimits
 from flink_memory.summarize.tree import SummaryTree
 from flink_memory.tokens.estimate import estimate_messages
 

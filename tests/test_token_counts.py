@@ -10,9 +10,10 @@ from flink_memory.llm.chat_client import LLMClient
 from flink_memory.llm.pool import CallPool
 from flink_memory.llm.tokenizers import HFTokenizer, TiktokenTokenizer, TokenizerUnavailable, open_tokenizer
 from flink_memory.stages.calls import RetryPolicy, run_to_end
-from flink_memory.summarize.batching import BatchBuffer, BatchLimits, unit_entry
+from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.prompts import lines_for, messages_for, request_purpose
 from flink_memory.summarize.reduce import ReduceJob
+from flink_memory.summarize.rooms import BatchLimits
 from flink_memory.tokens.calibration import make_calibration
 from flink_memory.tokens.counter import TokenCounter
 from flink_memory.tokens.tokenizer import EstimateTokenizer

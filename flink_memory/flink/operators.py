@@ -188,8 +188,8 @@ class StageFunction(KeyedProcessFunction):
         except ValueError as exc:  # (pydantic's ValidationError is one)
             self.timer_service, self.outputs, self.now = ctx.timer_service(), outputs, _now_ms()
             effects = self.driver.unreadable(key, tag, body, exc)
-            carry_out(self, key, effects)
             self._account(effects)
+            carry_out(self, key, effects)
             yield from outputs
             return
         effects = self._run(ctx, key, message, outputs)
@@ -228,10 +228,9 @@ class StageFunction(KeyedProcessFunction):
         self.drill_due = self._took_drill_node(key, message)
         self.state.key = key
         effects = self.driver.activate(self.state, key, message, self.pool.finished(), now)
+        self._account(effects)  # (before the pool forgets the results: an injected failure keeps them)
         self.timer_service, self.outputs, self.now = ctx.timer_service(), outputs, now
         carry_out(self, key, effects)
-        self._account(effects)  # (before the pool forgets the results: an injected failure keeps them)
-        self.pool.forget(effects.consumed)
         self._level("pending_keys", len(self.pending))
         self._report_calls()
         return effects
@@ -244,7 +243,7 @@ class StageFunction(KeyedProcessFunction):
         self.meter.submitted(requests)
 
     def forget(self, digests: list[str]) -> None:
-        """(Done by `_run` once the results are accounted for.)"""
+        self.pool.forget(digests)
 
     def wake(self, key: str, effects: Effects) -> None:
         self.pending.pop(key, None)

@@ -193,7 +193,7 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
         dead.append(upstream.get_side_output(DEAD_LETTER_TAG))
         for channel in spec.channels:
             channels.setdefault(channel, []).append(upstream.get_side_output(output_tag(channel)))
-    return MemoryStreams(upstream, _union(channels[MANIFESTS]), _union(dead), _union(channels.get(MEMORY_LOG, [])))
+    return MemoryStreams(upstream, _union(channels[MANIFESTS]), _union(dead), _union(channels[MEMORY_LOG]))
 
 
 def _union(streams: list[DataStream]) -> DataStream | None:

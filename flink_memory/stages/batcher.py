@@ -40,8 +40,9 @@ from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten, log_line
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
-from flink_memory.summarize.batching import BatchBuffer, BatchLimits, ClosedBatch, unit_entry
+from flink_memory.summarize.batching import BatchBuffer, ClosedBatch, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
+from flink_memory.summarize.rooms import BatchLimits
 
 
 class BatcherCore(BatchRevisions):

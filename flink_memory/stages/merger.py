@@ -41,8 +41,8 @@ from flink_memory.stages.messages import ForgetAgent, HoldNodes, StageMessage
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateTransaction, dump_model
-from flink_memory.summarize.prompts import child_target
 from flink_memory.summarize.reduce import ReduceJob
+from flink_memory.summarize.rooms import child_target
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text

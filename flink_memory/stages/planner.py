@@ -58,7 +58,7 @@ from flink_memory.stages.planner_state import (
 )
 from flink_memory.stages.protocol import Culprit
 from flink_memory.state import StateTransaction, StateVersionError, seq_key
-from flink_memory.summarize.prompts import batch_item_room
+from flink_memory.summarize.rooms import batch_item_room
 
 
 def _dead(record: InputRecord, reason: str, stage: str) -> DeadLetter:

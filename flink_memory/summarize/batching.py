@@ -7,14 +7,13 @@ by sequence number, so adding a unit reads and writes one entry, never the whole
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
 
-from flink_memory.config import Config
 from flink_memory.records import MemoryUnit
-from flink_memory.summarize.prompts import Packer, child_target
+from flink_memory.summarize.prompts import Packer
+from flink_memory.summarize.rooms import BatchLimits
 from flink_memory.tokens.budget import Budget
 
 
@@ -22,28 +21,6 @@ def unit_entry(unit: MemoryUnit | dict[str, Any]) -> dict[str, Any]:
     """How a memory unit appears in a batch prompt: its text and its time."""
     data = unit.model_dump(mode="json") if isinstance(unit, MemoryUnit) else unit
     return {"text": data["text"], "from": data.get("ts"), "to": data.get("ts")}
-
-
-@dataclass
-class BatchLimits:
-    max_items: int
-    configured_tokens: int | None  # batching.max_tokens; None: as much as one request holds
-    target_tokens: int  # summary length asked of a batch, so that fan_in of them fit one merge
-    _rooms: dict[float, int] = field(default_factory=dict, repr=False, compare=False)
-
-    @classmethod
-    def from_config(cls, config: Config, budget: Budget) -> BatchLimits:
-        return cls(config.batching.max_items, config.batching.max_tokens or None,
-                   child_target(budget, config.summarization.fan_in))
-
-    def max_tokens(self, budget: Budget, scale: float) -> int:
-        """Item tokens one batch packed at `scale` may take (the room follows the calibration)."""
-        from flink_memory.summarize.reduce import entry_limit
-
-        if scale not in self._rooms:
-            room = entry_limit(budget, "batch", scale)
-            self._rooms[scale] = min(room, self.configured_tokens) if self.configured_tokens else room
-        return self._rooms[scale]
 
 
 class ClosedBatch(NamedTuple):

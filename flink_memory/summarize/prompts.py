@@ -14,7 +14,6 @@ from typing import Any, Literal
 
 from flink_memory.config import Config
 from flink_memory.digests import digest
-from flink_memory.tokens.budget import Budget
 from flink_memory.tokens.counter import TokenCounter
 
 # Part of the summarization fingerprint and of every request, so a prompt change never reuses old results.
@@ -128,32 +127,6 @@ class Packer:
         self.count += 1
         self._date = entry_date(entry)
         return cost
-
-
-def frame_tokens(budget: Budget, purpose: Purpose, target_tokens: int, scale: float | None = None) -> int:
-    """Tokens of a request of `purpose` with no entries (system prompt and chat template)."""
-    return budget.counter.request(messages_for(purpose, [], target_tokens), scale) + 1
-
-
-def entry_room(budget: Budget, purpose: Purpose, target_tokens: int, scale: float | None = None) -> int:
-    """Tokens the entries of one request may take."""
-    return budget.prompt_room() - frame_tokens(budget, purpose, target_tokens, scale)
-
-
-def child_target(budget: Budget, fan_in: int) -> int:
-    """Length to ask of a summary that a merge will combine with fan_in - 1 siblings.
-
-    The merge frame is counted uncalibrated (scale 1, an upper bound): the target is in every batch and merge
-    prompt, so it must not depend on what a process has learned, or a restored job would ask differently."""
-    room = entry_room(budget, "merge", budget.max_output_tokens, 1.0)
-    return max(16, min(budget.max_output_tokens, room // fan_in - 8))
-
-
-def batch_item_room(config: Config) -> int:
-    """Tokens the items of one batch request may take, by the uncalibrated estimate: what a text is cut to fit
-    before batching, so its parts never depend on what a process has learned of the provider's counts."""
-    budget = Budget(config.llm.context_window, config.llm.max_output_tokens, TokenCounter())
-    return entry_room(budget, "batch", child_target(budget, config.summarization.fan_in))
 
 
 def summarization_policy(config: Config) -> dict[str, Any]:

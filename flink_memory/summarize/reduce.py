@@ -16,29 +16,13 @@ from typing import Any
 from pydantic import BaseModel, Field
 
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
-from flink_memory.summarize.prompts import (
-    SUMMARY_PROMPT_VERSION,
-    Packer,
-    Purpose,
-    entry_room,
-    escape,
-    messages_for,
-    written_bound,
-)
+from flink_memory.summarize.prompts import SUMMARY_PROMPT_VERSION, Packer, Purpose, escape, messages_for, written_bound
+from flink_memory.summarize.rooms import entry_limit, entry_room
 from flink_memory.tokens.budget import Budget
 from flink_memory.tokens.split import split_text
 
 MAX_ROUNDS = 12
 MAX_REJECTIONS = 8  # length rejections re-packed before the job waits like any failed call
-_TARGET_SLACK = 2  # the target's digits in the system prompt may differ between rounds
-
-
-def entry_limit(budget: Budget, purpose: Purpose, scale: float | None = None) -> int:
-    """Tokens the entries of one request of `purpose` may take, whichever round it turns out to be in: what
-    the batcher fills a batch to, so that a batch it closes is always one request."""
-    out = budget.max_output_tokens
-    round_purpose: Purpose = "part" if purpose == "batch" else purpose
-    return min(entry_room(budget, purpose, out, scale), entry_room(budget, round_purpose, out, scale)) - _TARGET_SLACK
 
 
 class ReductionStalled(RuntimeError):

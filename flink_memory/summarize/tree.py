@@ -18,7 +18,7 @@ from pydantic import BaseModel, Field
 from flink_memory.ids import NodeId
 from flink_memory.records import SummaryNode
 from flink_memory.summarize.prompts import Packer
-from flink_memory.summarize.reduce import entry_limit
+from flink_memory.summarize.rooms import entry_limit
 from flink_memory.tokens.budget import Budget
 
 
