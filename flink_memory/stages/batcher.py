@@ -31,7 +31,7 @@ from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, ClosedBatch, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.rooms import BatchLimits
+from flink_memory.summarize.rooms import Rooms
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
 HOMES, DONE = "batcher_homes", "batcher_done"
@@ -103,7 +103,7 @@ class BatcherCore:
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
         self.factory = factory
-        self.limits = BatchLimits.from_config(config, factory.budget)
+        self.limits = Rooms.from_config(config, factory.budget).batch
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
         self.editable_ms = int(config.memory.editable_for * 1000)

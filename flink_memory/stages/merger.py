@@ -31,7 +31,7 @@ from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateModel, StateSchema, StateTransaction
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.rooms import child_target
+from flink_memory.summarize.rooms import Rooms
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
 TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
@@ -97,7 +97,7 @@ class MergerCore:
         self.fan_in = config.summarization.fan_in if config.summarization.depth == "hierarchical" else None
         self.keep = KEEP[config.summarization.retention]
         self.refresh_ms = None if bounded else int(config.summarization.global_refresh_s * 1000)
-        self.merge_target = child_target(factory.budget, config.summarization.fan_in)
+        self.merge_target = Rooms.from_config(config, factory.budget).child_target
         self.editable_ms = int(config.memory.editable_for * 1000)
 
     # --- activations ---------------------------------------------------------------------------------
