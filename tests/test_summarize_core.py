@@ -10,7 +10,7 @@ from flink_memory.requests import ChatResult, RequestFactory
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.prompts import Packer
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.rooms import BatchLimits
+from flink_memory.summarize.rooms import Rooms
 from flink_memory.summarize.tree import SummaryTree
 from flink_memory.tokens.estimate import estimate_messages
 
@@ -26,7 +26,7 @@ def unit(i, text="note", ts=None):
 
 def limits_of(config):
     budget = RequestFactory.from_config(config.llm).budget
-    return BatchLimits.from_config(config, budget), budget
+    return Rooms.from_config(config, budget).batch, budget
 
 
 def test_batches_close_at_max_items():

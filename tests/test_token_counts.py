@@ -13,7 +13,7 @@ from flink_memory.stages.calls import RetryPolicy, run_to_end
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.prompts import lines_for, messages_for, request_purpose
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.rooms import BatchLimits
+from flink_memory.summarize.rooms import Rooms
 from flink_memory.tokens.calibration import make_calibration
 from flink_memory.tokens.counter import TokenCounter
 from flink_memory.tokens.tokenizer import EstimateTokenizer
@@ -86,7 +86,7 @@ def test_batches_fill_the_budget_once_the_provider_has_reported_on_batches():
         config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "batching.max_items=1000")
         client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=256")
         budget, factory = client.budget, client.requests
-        limits = BatchLimits.from_config(config, budget)
+        limits = Rooms.from_config(config, budget).batch
         # numbers and references: our estimate overcounts these more than prose
         units = [unit_entry({"text": f"{SENTENCES[k % 3].format(k=k)} Paid {k * 37 % 9000} EUR, ref {k * 7919}.",
                              "ts": f"2026-03-{1 + k // 40:02d}T10:00:00Z"}) for k in range(400)]
@@ -252,7 +252,7 @@ def test_the_first_batch_fits_the_window_whatever_its_text(chars):
     with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(chars), context_window=2048) as server:
         config = cfg("llm.context_window=2048", "llm.max_output_tokens=256", "batching.max_items=1000")
         client = estimate_client(server, "llm.context_window=2048", "llm.max_output_tokens=256")
-        budget, limits = client.budget, BatchLimits.from_config(config, client.budget)
+        budget, limits = client.budget, Rooms.from_config(config, client.budget).batch
         units = [unit_entry({"text": f"{PROSE} ({k})", "ts": "2026-03-01T10:00:00Z"}) for k in range(200)]
         buffer = BatchBuffer()
         closed = next(batch for entry in units for batch in buffer.add(entry, limits, 0, budget))

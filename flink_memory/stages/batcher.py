@@ -42,7 +42,7 @@ from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, ClosedBatch, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.rooms import BatchLimits
+from flink_memory.summarize.rooms import Rooms
 
 
 class BatcherCore(BatchRevisions):
@@ -51,7 +51,7 @@ class BatcherCore(BatchRevisions):
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
         self.factory = factory
-        self.limits = BatchLimits.from_config(config, factory.budget)
+        self.limits = Rooms.from_config(config, factory.budget).batch
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
         self.editable_ms = int(config.memory.editable_for * 1000)

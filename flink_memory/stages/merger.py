@@ -42,7 +42,7 @@ from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
 from flink_memory.state import StateTransaction, dump_model
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.rooms import child_target
+from flink_memory.summarize.rooms import Rooms
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry
 
 JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's model when no call made its text
@@ -59,7 +59,7 @@ class MergerCore(TreeRevisions):
         self.fan_in = config.summarization.fan_in if config.summarization.depth == "hierarchical" else None
         self.keep = KEEP[config.summarization.retention]
         self.refresh_ms = None if bounded else int(config.summarization.global_refresh_s * 1000)
-        self.merge_target = child_target(factory.budget, config.summarization.fan_in)
+        self.merge_target = Rooms.from_config(config, factory.budget).child_target
         self.editable_ms = int(config.memory.editable_for * 1000)
 
     # --- activations ---------------------------------------------------------------------------------

@@ -58,7 +58,7 @@ from flink_memory.stages.planner_state import (
 )
 from flink_memory.stages.protocol import Culprit
 from flink_memory.state import StateTransaction, StateVersionError, seq_key
-from flink_memory.summarize.rooms import batch_item_room
+from flink_memory.summarize.rooms import Rooms
 
 
 def _dead(record: InputRecord, reason: str, stage: str) -> DeadLetter:
@@ -78,7 +78,7 @@ class PlannerCore(SourceRetention):
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         """`bounded` is the stages' common signature; the planner has no timeouts to skip."""
         self.config = config
-        self.planner = ChunkPlanner(config, factory, batch_item_room(config))
+        self.planner = ChunkPlanner(config, factory, Rooms.from_config(config, factory.budget).batch_item_room)
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.raise_on_failure = config.chunking.on_planner_failure == "raise"
         self.editable_ms = int(config.memory.editable_for * 1000)

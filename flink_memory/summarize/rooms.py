@@ -64,14 +64,33 @@ class BatchLimits:
     target_tokens: int  # summary length asked of a batch, so that fan_in of them fit one merge
     _rooms: dict[float, int] = field(default_factory=dict, repr=False, compare=False)
 
-    @classmethod
-    def from_config(cls, config: Config, budget: Budget) -> BatchLimits:
-        return cls(config.batching.max_items, config.batching.max_tokens or None,
-                   child_target(budget, config.summarization.fan_in))
-
     def max_tokens(self, budget: Budget, scale: float) -> int:
         """Item tokens one batch packed at `scale` may take (the room follows the calibration)."""
         if scale not in self._rooms:
             room = entry_limit(budget, "batch", scale)
             self._rooms[scale] = min(room, self.configured_tokens) if self.configured_tokens else room
         return self._rooms[scale]
+
+
+@dataclass(frozen=True)
+class Rooms:
+    """What fits in each request of a job, worked out once from its config; the stage cores and the start-up check
+    are handed it. `budget`'s counter learns the provider's counts as the job runs: the rooms asked at a scale
+    follow it, the ones fixed here do not."""
+
+    budget: Budget
+    child_target: int  # the length asked of a batch or merge summary, so that fan_in of them fit one merge
+    batch_item_room: int  # a batch's items by the uncalibrated estimate: what long texts are cut to fit
+    batch: BatchLimits
+
+    @classmethod
+    def from_config(cls, config: Config, budget: Budget) -> Rooms:
+        target = child_target(budget, config.summarization.fan_in)
+        limits = BatchLimits(config.batching.max_items, config.batching.max_tokens or None, target)
+        return cls(budget, target, batch_item_room(config), limits)
+
+    def entry_room(self, purpose: Purpose, target_tokens: int | None = None, scale: float | None = None) -> int:
+        """Tokens the entries of one request may take (`target_tokens`: the length asked, by default the
+        most a call may write)."""
+        return entry_room(self.budget, purpose, self.budget.max_output_tokens if target_tokens is None
+                          else target_tokens, scale)
