@@ -4,10 +4,10 @@
 
 A layout change (modules moved, messages typed, state schemas apart) must not cost throughput. This script
 checks a revision out beside this one (`git worktree`, in a temporary folder), then runs the same job on the
-same input with an instant provider, alternating baseline and current `--pairs` times, each run in a process
-of its own whose Python path (the client's and the job's) holds only that checkout. It prints each run's wall
-time, the ratio current / baseline pair by pair and their median (1.0: the same; the spread of the ratios is
-the noise), and checks that both cover every item. The store and embeddings are off on both sides: the
+same input with an instant provider, baseline and current in turn `--pairs` times (which goes first turns each
+pair), each run in a process of its own whose Python path (the client's and the job's) holds only that checkout.
+It prints each run's wall time, the ratio current / baseline pair by pair and their median (1.0: the same; the
+spread of the ratios is the noise), and checks that both cover every item. The store and embeddings are off on both sides: the
 pipeline is measured. `--json PATH` writes the numbers.
 """
 
@@ -91,8 +91,9 @@ def main(argv: list[str] | None = None) -> int:
             input_path = write_lines(work / "input.jsonl", items(args.agents, args.items_per_agent))
             walls: dict[str, list[float]] = {"baseline": [], "current": []}
             with ScriptedServer() as server:
-                for pair in range(args.pairs):
-                    for side, checkout in (("baseline", baseline), ("current", ROOT)):
+                for pair in range(args.pairs):  # (the order turns each pair, so drift weighs on both sides)
+                    sides = [("baseline", baseline), ("current", ROOT)]
+                    for side, checkout in sides if pair % 2 == 0 else sides[::-1]:
                         output = work / f"{side}-{pair}"
                         walls[side].append(run(checkout, server.base_url, input_path, output, settings))
                         if (units := covered(output)) != expected:

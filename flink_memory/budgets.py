@@ -11,7 +11,7 @@ from flink_memory.chunking.plans import PLAN_OUTPUT_TOKENS, ChunkPlanner
 from flink_memory.config import Config, ConfigError
 from flink_memory.requests import RequestFactory
 from flink_memory.summarize.prompts import Packer
-from flink_memory.summarize.rooms import Rooms
+from flink_memory.summarize.rooms import Rooms, entry_room
 from flink_memory.tokens.counter import TokenCounter
 
 # A summary of N model tokens counts up to this many N by the calibrated estimate (merges and later rounds
@@ -30,14 +30,14 @@ def problems(config: Config, counter: TokenCounter | None = None) -> list[str]:
     if budget.prompt_room() <= 0:
         return [f"llm.max_output_tokens ({config.llm.max_output_tokens}) leaves no room for a prompt"]
     rooms = Rooms.from_config(config, budget)
-    batch_room = rooms.entry_room("batch", rooms.child_target)
+    batch_room = entry_room(budget, "batch", rooms.child_target)
     if batch_room < MIN_BATCH_ROOM:
         found.append(f"a batch request has room for {batch_room} tokens of items (needs {MIN_BATCH_ROOM})")
     factor = 1 if counter.exact else CALIBRATED_OUTPUT_FACTOR
     summary = Packer(counter).cost({"text": "x", "from": "2026-01-01", "to": "2026-12-31"})
     summary += int(config.llm.max_output_tokens * factor)
     for purpose in ("merge", "global", "part"):
-        room = rooms.entry_room(purpose)
+        room = entry_room(budget, purpose, config.llm.max_output_tokens)
         if room < 2 * summary:
             found.append(f"a {purpose} request has room for {room} tokens, two summaries of "
                          f"llm.max_output_tokens need {2 * summary}")

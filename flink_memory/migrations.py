@@ -61,7 +61,8 @@ class Release010:
             stored = current.maps[name]
             assert stored is not None  # (a map of raw text has no older entries to convert)
             maps[name] = BareEntries(stored, convert)
-        return StateSchema(values={**current.values, **dict.fromkeys(self.values)}, maps=maps)
+        return StateSchema(values={**current.values, **dict.fromkeys(self.values)}, maps=maps,
+                           read_once=frozenset(self.values))
 
     def migrate(self, core: Any, state: StateTransaction) -> None:
         self.move(core, state)

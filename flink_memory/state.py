@@ -194,6 +194,8 @@ def load_model(model: type[M], raw: str) -> M:
 
 def dump_model(value: BaseModel) -> str:
     """A domain object (through its stored model) or a stored model, as stored."""
+    if isinstance(value, StoredModel):
+        return value.model_dump_json()
     return stored_model(type(value)).of(value).model_dump_json()
 
 
@@ -206,6 +208,9 @@ class StateSchema:
 
     values: dict[str, Codec | None] = field(default_factory=dict)
     maps: dict[str, Codec | None] = field(default_factory=dict)
+    # value states that stay absent for a key once found absent (an older layout's, only ever cleared): a
+    # backend may remember that instead of reading them again
+    read_once: frozenset[str] = frozenset()
 
 
 def seq_key(seq: int) -> str:

@@ -2,9 +2,10 @@
 
 The Flink wiring (flink_memory.flink.pipeline), the in-memory runner (flink_memory.local), the drills of
 `job.inject_failure` and the driver (given each stage's migration) all read `STAGES`: adding a stage is one entry
-here and its core. A stage takes the records of the one before (the first: parsed input records, keyed by agent)
-and sends its records to the next (the last: summary nodes out of the job); besides records and dead letters, a
-stage may send on side channels (`CHANNELS`), which the job unions across the stages that declare them.
+here and its core. A stage takes the messages of the one before (the first: parsed input records, keyed by agent;
+flink_memory.stages.messages) and sends its messages to the next (the last: summary nodes out of the job); besides
+these and dead letters, a stage may send on side channels (`CHANNELS`), which the job unions across the stages
+that declare them.
 """
 
 from __future__ import annotations

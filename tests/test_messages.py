@@ -47,7 +47,7 @@ def test_a_message_that_does_not_parse_is_an_error_of_ours_raised_first_then_a_d
     with pytest.raises(ValidationError) as raised:
         from_wire("unit", body)
     seen, count = counting()
-    driver = Driver(PlannerCore(cfg(), Pipeline(cfg()).factory), "batcher", count)
+    driver = Driver(PlannerCore(cfg(), Pipeline(cfg()).factory), "planner", count)
     with pytest.raises(ValidationError):
         driver.unreadable("a", "unit", body, raised.value)
     effects = driver.unreadable("a", "unit", body, raised.value)  # the same message after a restart

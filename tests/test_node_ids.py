@@ -68,7 +68,7 @@ def test_swap_and_drop_keep_the_frontier_in_order() -> None:
 
 
 def test_stored_names_stay() -> None:
-    """Checkpointed state and messages in flight keep the names they were written with."""
+    """Checkpointed state keeps the names it was written with; a message crosses a Flink boundary by its tag."""
     meta = load_model(BatcherMeta, '{"v":2,"revising":[4]}')
     assert meta.resummarizing == [4] and '"revising":[4]' in dump_model(meta)
     tree = load_model(SummaryTree, '{"v":2,"revised":{"batch-000001":2}}')

@@ -44,6 +44,36 @@ def test_map_entries_go_in_one_call_only_where_put_all_takes_a_dict():
     assert not mixed.bulk_puts
 
 
+class FakeValue:
+    """A PyFlink ValueState of one key that counts its reads (each a call into the JVM)."""
+
+    def __init__(self, value: str | None = None) -> None:
+        self.data, self.reads = value, 0
+
+    def value(self) -> str | None:
+        self.reads += 1
+        return self.data
+
+    def update(self, value: str) -> None:
+        self.data = value
+
+    def clear(self) -> None:
+        self.data = None
+
+
+def test_an_older_layouts_value_is_read_until_it_is_found_absent_or_cleared_then_never_again():
+    old, cleared, current = FakeValue(), FakeValue("{}"), FakeValue('{"v":2}')
+    state = FlinkState({"old": old, "cleared": cleared, "now": current}, {}, frozenset({"old", "cleared"}))
+    state.key = "a"
+    assert [state.read("old") for _ in range(3)] == [None] * 3 and old.reads == 1
+    assert state.read("cleared") == "{}" and state.read("cleared") == "{}" and cleared.reads == 2  # (kept until moved)
+    state.write("cleared", None)
+    assert state.read("cleared") is None and cleared.reads == 2 and cleared.data is None
+    assert state.read("now") == state.read("now") == '{"v":2}' and current.reads == 1  # (the value cache)
+    state.key = "b"
+    assert state.read("old") is None and old.reads == 2  # (another key is read once too)
+
+
 class FakeCounter:
     def __init__(self) -> None:
         self.incs: list[int] = []

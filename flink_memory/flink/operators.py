@@ -150,7 +150,7 @@ class StageFunction(KeyedProcessFunction):
                   for name in schema.values}
         maps = {name: runtime_context.get_map_state(MapStateDescriptor(name, Types.STRING(), Types.STRING()))
                 for name in schema.maps}
-        self.state = FlinkState(values, maps)
+        self.state = FlinkState(values, maps, schema.read_once)
         self.recheck_ms = max(1000, int(self.config.job.recheck_s * 1000))
         wait_s = self.config.llm.timeout_s * (self.config.llm.max_retries + 1)
         self.waits = Waits(wait=self._wait, sleep=self._sleep, now_ms=_now_ms, max_s=wait_s)
@@ -186,11 +186,10 @@ class StageFunction(KeyedProcessFunction):
         try:
             message = from_wire(tag, body)
         except ValueError as exc:  # (pydantic's ValidationError is one)
-            self.timer_service, self.outputs, self.now = ctx.timer_service(), outputs, _now_ms()
-            effects = self.driver.unreadable(key, tag, body, exc)
+            effects = self.driver.unreadable(key, tag, body, exc)  # (only dead letters: the key's calls go on)
             self._account(effects)
-            carry_out(self, key, effects)
-            yield from outputs
+            for dead in effects.dead_letters:
+                yield output_tag(DEAD_LETTERS), dead.model_dump_json()
             return
         effects = self._run(ctx, key, message, outputs)
         if isinstance(message, EndOfInput):  # the stage before has finished this agent's input: so has this one

@@ -16,8 +16,10 @@ class FlinkState:
     function writes these states, and a restored job opens a new function with an empty cache. A write of
     the value already there is skipped."""
 
-    def __init__(self, values: dict[str, Any], maps: dict[str, Any]) -> None:
+    def __init__(self, values: dict[str, Any], maps: dict[str, Any], read_once: frozenset[str] = frozenset()) -> None:
         self.values, self.maps = values, maps
+        self.read_once = read_once  # (StateSchema.read_once)
+        self.absent: set[tuple[str, str]] = set()  # (state, key) of those found absent: not read again
         # MapState.put_all is one JVM call in thread mode; process mode's iterates a dict as pairs (broken).
         # The mode is the job's, which for operators embedded in another job need not be our config's.
         self.bulk_puts = all(type(m).__module__.startswith(EMBEDDED_STATE) for m in maps.values())
@@ -31,12 +33,27 @@ class FlinkState:
 
     def read(self, name: str) -> str | None:
         slot = (name, self.key)
+        if name in self.read_once:  # (outside the cache, so the current layout's values keep its room)
+            if slot in self.absent:
+                return None
+            raw = self.values[name].value()
+            if raw is None:
+                self.absent.add(slot)
+            return raw
         if slot not in self.cached:
             self._remember(slot, self.values[name].value())
         return self.cached[slot]
 
     def write(self, name: str, raw: str | None) -> None:
         slot = (name, self.key)
+        if name in self.read_once:
+            if raw is None:
+                self.values[name].clear()
+                self.absent.add(slot)
+            else:
+                self.values[name].update(raw)
+                self.absent.discard(slot)
+            return
         if slot in self.cached and self.cached[slot] == raw:
             return
         if raw is None:

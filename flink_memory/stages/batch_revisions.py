@@ -20,7 +20,7 @@ from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 
 
-def _next_revision(done: DoneBatch) -> tuple[int, list[str]]:
+def next_revision(done: DoneBatch) -> tuple[int, list[str]]:
     """The revision an emitted batch is made into, and what it replaces: the live node and every revision
     between (which the first attempt of a replay may have written)."""
     revision = max(done.target, done.revision + 1)
@@ -49,7 +49,7 @@ class BatchRevisions:
                 state.put(DONE, _key(done.seq), done)
                 return
             text = progress.value
-        revision, replaces = _next_revision(done)
+        revision, replaces = next_revision(done)
         node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
         self._out(meta, effects, node)
         effects.counts["batches_revised"] += 1

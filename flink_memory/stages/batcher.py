@@ -19,7 +19,7 @@ from flink_memory.config import Config
 from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.batch_revisions import BatchRevisions, _next_revision
+from flink_memory.stages.batch_revisions import BatchRevisions, next_revision
 from flink_memory.stages.batcher_state import (
     BATCHES,
     BUFFER,
@@ -122,7 +122,7 @@ class BatcherCore(BatchRevisions):
                 continue
             for unit in done.units:
                 state.put(HOMES, unit.unit_id, None)
-            revision, replaces = _next_revision(done)
+            revision, replaces = next_revision(done)
             _drop(meta, effects, done.units, reason)
             self._out(meta, effects, self._node(state.key, seq, revision, [], "", None, replaces))
             state.put(DONE, _key(seq), None)

@@ -103,8 +103,9 @@ class Driver:
         return effects
 
     def unreadable(self, key: str, tag: str, body: str, exc: Exception) -> Effects:
-        """A message of the stage before that does not parse (an error of ours, like any other: raised the first
-        time, a dead letter when it comes again)."""
+        """A message of the stage before that does not parse (an error of ours): raised the first time (the job
+        restarts from its last checkpoint), and when it comes again it alone becomes a dead letter. The core is
+        not asked to evict anything: what it holds is not to blame."""
         if self.count_fault is None or self.count_fault(digest_parts([self.label, key, tag, body])) <= 1:
             raise exc
         reason = f"internal error in the {self.label} stage: a {tag!r} message does not parse: {exc}"

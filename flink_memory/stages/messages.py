@@ -9,6 +9,8 @@ runner hands the objects over as they are. A stage's core receives a `StageMessa
 
 from __future__ import annotations
 
+import json
+
 from pydantic import BaseModel, ConfigDict
 
 from flink_memory.records import RECORD_KINDS, InputRecord, MemoryUnit, SummaryNode
@@ -77,5 +79,8 @@ def from_wire(tag: str, body: str) -> StageMessage:
 
 
 def text_of(message: StageMessage) -> str:
-    """The message as text (a dead letter's `raw`, a fault's fingerprint)."""
+    """The message as one JSON text (a dead letter's `raw`, a fault's fingerprint, the planner's queue); a
+    control's names its tag, which its own fields do not."""
+    if isinstance(message, _Control):
+        return json.dumps({"control": _TAGS[type(message)], **message.model_dump(mode="json")}, ensure_ascii=False)
     return message.model_dump_json()

@@ -74,11 +74,10 @@ class BatchLimits:
 
 @dataclass(frozen=True)
 class Rooms:
-    """What fits in each request of a job, worked out once from its config; the stage cores and the start-up check
-    are handed it. `budget`'s counter learns the provider's counts as the job runs: the rooms asked at a scale
-    follow it, the ones fixed here do not."""
+    """What fits in each request of a job that does not depend on what it learns of the provider's counts, worked
+    out once from its config when a stage core (or the start-up check) is made; the rooms asked at a calibration
+    scale as the job runs are the functions above."""
 
-    budget: Budget
     child_target: int  # the length asked of a batch or merge summary, so that fan_in of them fit one merge
     batch_item_room: int  # a batch's items by the uncalibrated estimate: what long texts are cut to fit
     batch: BatchLimits
@@ -87,10 +86,4 @@ class Rooms:
     def from_config(cls, config: Config, budget: Budget) -> Rooms:
         target = child_target(budget, config.summarization.fan_in)
         limits = BatchLimits(config.batching.max_items, config.batching.max_tokens or None, target)
-        return cls(budget, target, batch_item_room(config), limits)
-
-    def entry_room(self, purpose: Purpose, target_tokens: int | None = None, scale: float | None = None) -> int:
-        """Tokens the entries of one request may take (`target_tokens`: the length asked, by default the
-        most a call may write)."""
-        return entry_room(self.budget, purpose, self.budget.max_output_tokens if target_tokens is None
-                          else target_tokens, scale)
+        return cls(target, batch_item_room(config), limits)
