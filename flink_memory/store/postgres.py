@@ -45,8 +45,9 @@ RARE_SHARE = 0.01  # a term in fewer of the table's rows is rare: all its matche
 MATCH_CAP = 5000  # matches of the rare terms ranked at most
 COMMON_RANKED = 2  # matches of the common terms ranked per row still wanted
 # the terms whose lexeme is among the tsvector column's most common elements, at least RARE_SHARE of the rows
+# (those elements read once per question, not once per term: pg_stats is a view of four catalogs)
 COMMON_TERMS = (
-    "WITH common AS (SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], "
+    "WITH common AS MATERIALIZED (SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], "
     "s.most_common_elem_freqs) m(e, f) WHERE s.schemaname = current_schema() AND s.tablename = "
     f"'{NODES}' AND s.attname = 'tsv' AND m.f >= %s) SELECT t FROM unnest(%s::text[]) t WHERE EXISTS "
     "(SELECT 1 FROM unnest(to_tsvector('english', t)) v JOIN common c ON c.e = v.lexeme)")
