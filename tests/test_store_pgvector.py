@@ -177,3 +177,32 @@ def test_terms_remembered_as_common_or_rare_survive_the_memory_being_emptied(pos
         assert store._common_terms(["user", "zorblat", "owns"]) == {"user", "owns"}
         assert store._common_terms(["user", "quux"]) == {"user"}
         assert store._common_terms(["owns", "user"]) == {"user", "owns"}
+
+
+def test_the_planner_knows_an_agents_rows_are_in_its_bucket_also_in_a_store_written_before(postgres_url):
+    """The first writer of a store without the bucket's statistics creates and analyzes them (a store written
+    before them: dropped here); a reader's estimate of a large agent's rows in its bucket is then about their
+    number, not a small share of it; and the store's sessions price pages as read from memory."""
+    from flink_memory.store import postgres
+
+    url = new_database(postgres_url)
+    units = [unit("big", f"m{i}", f"the user owns item {i}") for i in range(3000)]
+    units += [unit(f"o{j}", f"m{i}", f"item {i}") for j in range(40) for i in range(25)]
+    with open_store(url, create=True) as store:
+        store.upsert_units(units)
+        store._db.run(lambda conn: conn.execute(f"DROP STATISTICS {postgres.BUCKET_STATISTICS}"))
+        store._db.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
+
+    def estimate(store):
+        bucket = store._bucket_of("big")
+        plan = store._fetch(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {NODES} WHERE agent_id = 'big' AND "
+                            f"(hashtext(agent_id) & 31) = {bucket}", ())[0][0]
+        return plan[0]["Plan"]["Plan Rows"]
+
+    with open_store(url) as reader:
+        assert estimate(reader) < 300  # (what the planner guessed without them)
+        assert float(reader._fetch("SHOW random_page_cost", ())[0][0]) <= postgres.RANDOM_PAGE_COST
+    with open_store(url, create=True):
+        pass
+    with open_store(url) as reader:
+        assert 2000 < estimate(reader) < 4000

@@ -46,8 +46,9 @@ RARE_SHARE = 0.01  # a term in fewer of the table's rows is rare: all its matche
 MATCH_CAP = 5000  # matches of the rare terms ranked at most
 COMMON_RANKED = 2  # matches of the common terms ranked per row still wanted
 # the terms whose lexeme is among the tsvector column's most common elements, at least RARE_SHARE of the rows
+# (those elements read once per question, not once per term: pg_stats is a view of four catalogs)
 COMMON_TERMS = (
-    "WITH common AS (SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], "
+    "WITH common AS MATERIALIZED (SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], "
     "s.most_common_elem_freqs) m(e, f) WHERE s.schemaname = current_schema() AND s.tablename = "
     f"'{NODES}' AND s.attname = 'tsv' AND m.f >= %s) SELECT t FROM unnest(%s::text[]) t WHERE EXISTS "
     "(SELECT 1 FROM unnest(to_tsvector('english', t)) v JOIN common c ON c.e = v.lexeme)")
@@ -58,6 +59,13 @@ RANKED = (f"SELECT {HIT}{{vector}} FROM (SELECT {HIT}, tsv{{vector}} FROM {NODES
 KEYWORD_INDEX = f"{NODES}_tsv"  # KEYWORD_INDEX_0 .. _31, one per bucket (before them: one, KEYWORD_INDEX)
 TERMS_KNOWN_S = 300.0  # how long a reader trusts that a term is common or rare (statistics change on ANALYZE)
 TERMS_KEPT = 100_000  # terms remembered at most (then forgotten all at once)
+BUCKET_STATISTICS = f"{NODES}_bucket"  # the planner's statistics of an agent with its bucket (_bucket_statistics)
+# the store's connections plan for rows and indexes read from memory, as a recall's are (PostgreSQL's default of
+# 4 prices each page an index scan reads as a disk seek: a keyword search then built a bitmap of every one of an
+# agent's 100 000 rows to spare reading a few pages of other agents' rows; a server set lower keeps its own)
+RANDOM_PAGE_COST = 1.1
+PLAN_FOR_MEMORY = ("SELECT set_config('random_page_cost', LEAST(current_setting('random_page_cost')::float8, "
+                   f"{RANDOM_PAGE_COST})::text, false)")
 
 
 def _keyword_indexes(conn: Any, location: str) -> None:
@@ -75,6 +83,24 @@ def _keyword_indexes(conn: Any, location: str) -> None:
     conn.execute(f"DROP INDEX IF EXISTS {KEYWORD_INDEX}")
 
 
+def _bucket_statistics(conn: Any, location: str) -> None:
+    """Extended statistics that tell the planner an agent's rows are all in its bucket, unless they exist, and
+    the table analyzed once for them (seconds for a million rows). Without them it takes the bucket's rows
+    (an expression it has no statistics of) for 0.5% of the table and the agent's among them for as small a
+    share of those, and plans a search of a large agent for a few rows: a bitmap of each of a common term's
+    matches where reading the agent's rows in order stops at the few hundred it wants. (PostgreSQL 14 and later:
+    an older server plans without them.)"""
+    if conn.info.server_version < 140000 or conn.execute(
+            "SELECT 1 FROM pg_statistic_ext WHERE stxname = %s AND stxnamespace = current_schema()::regnamespace",
+            (BUCKET_STATISTICS,)).fetchone() is not None:
+        return
+    conn.execute(f"CREATE STATISTICS IF NOT EXISTS {BUCKET_STATISTICS} (dependencies) ON agent_id, ({BUCKET}) "
+                 f"FROM {NODES}")
+    if conn.execute(f"SELECT 1 FROM {NODES} LIMIT 1").fetchone() is not None:
+        log.warning("%s: analyzing the store's rows for the planner's statistics of agents' buckets (once)", location)
+        conn.execute(f"ANALYZE {NODES}")
+
+
 class PostgresStore(MemoryStore):
     """Full text by a stored `english` tsvector column (GIN index), which finds the candidates (rare terms
     first); vectors by
@@ -86,7 +112,8 @@ class PostgresStore(MemoryStore):
 
     def __init__(self, url: str, *, create: bool = False) -> None:
         self.location = redact_url(url)
-        self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store")
+        self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store",
+                                      setup=lambda conn: conn.execute(PLAN_FOR_MEMORY))
         self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
         self._indexed = False  # the HNSW index is known to exist
         self._search_db: PostgresConnection | None = None  # (recall's search by meaning, opened at its first)
@@ -133,6 +160,7 @@ class PostgresStore(MemoryStore):
             conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             conn.execute(PENDING_INDEX)
             _keyword_indexes(conn, self.location)
+            _bucket_statistics(conn, self.location)
             conn.execute(CREATE_GENERATIONS)
             for statement in CREATE_LOG_TABLES:
                 conn.execute(statement)
@@ -248,7 +276,7 @@ class PostgresStore(MemoryStore):
             settings = self.vectors.settings()
             self._search_db = PostgresConnection(
                 self._db.url, setting="store.url", application_name="flink-memory recall by meaning",
-                setup=lambda conn: [conn.execute(setting) for setting in settings])
+                setup=lambda conn: [conn.execute(setting) for setting in (PLAN_FOR_MEMORY, *settings)])
         search_db = self._search_db
         bucket = self._bucket_of(agent_id)  # (remembered after an agent's first recall)
 
