@@ -7,8 +7,8 @@ checks a revision out beside this one (`git worktree`, in a temporary folder), t
 same input with an instant provider, baseline and current in turn `--pairs` times (which goes first turns each
 pair), each run in a process of its own whose Python path (the client's and the job's) holds only that checkout.
 It prints each run's wall time, the ratio current / baseline pair by pair and their median (1.0: the same; the
-spread of the ratios is the noise), and checks that both cover every item. The store and embeddings are off on both sides: the
-pipeline is measured. `--json PATH` writes the numbers.
+spread of the ratios is the noise), and checks that both cover every item. The store and embeddings are off on
+both sides: the pipeline is measured. `--json PATH` writes the numbers.
 """
 
 from __future__ import annotations
