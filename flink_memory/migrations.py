@@ -24,7 +24,8 @@ from flink_memory.records import Conversation, MemoryUnit, SummaryNode, record_f
 from flink_memory.stages import batcher_state as batcher
 from flink_memory.stages import merger_state as merger
 from flink_memory.stages import planner_state as planner
-from flink_memory.state import STATE_VERSION, Codec, StateSchema, StateTransaction, StateVersionError, seq_key
+from flink_memory.state import StateSchema, StateTransaction, seq_key
+from flink_memory.state_layout import STATE_VERSION, Codec, StateVersionError
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree

@@ -22,7 +22,7 @@ from scripted_server import ScriptedServer  # noqa: E402
 from test_recovery import SETTINGS, workload  # noqa: E402
 
 from flink_memory.outputs import read_outputs  # noqa: E402
-from flink_memory.state import STATE_VERSION  # noqa: E402
+from flink_memory.state_layout import STATE_VERSION  # noqa: E402
 
 ROOT = Path(f"/tmp/flink-memory-state-{STATE_VERSION}")
 FIXTURE = Path(__file__).resolve().parent / "data" / f"state-{STATE_VERSION}"

@@ -11,7 +11,7 @@ from flink_memory.records import SummaryNode
 from flink_memory.stages.batcher_state import BatcherMeta
 from flink_memory.stages.merger_state import StoredNode
 from flink_memory.stages.messages import HoldNodes, from_wire, to_wire
-from flink_memory.state import dump_model, load_model
+from flink_memory.state_layout import dump_model, load_model
 from flink_memory.summarize.tree import Slot, SummaryTree
 
 WRITTEN = ["batch-000007", "batch-000007-r1", "batch-000007-r12", "batch-1234567", "merge-L2-000003",

@@ -30,7 +30,7 @@ from jobkit import (
 from scripted_server import ScriptedServer
 
 from flink_memory.outputs import latest_globals, read_outputs
-from flink_memory.state import STATE_VERSION
+from flink_memory.state_layout import STATE_VERSION
 
 pytestmark = pytest.mark.slow
 

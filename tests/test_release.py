@@ -18,7 +18,7 @@ from flink_memory.chunking.manifest import SCHEMA_VERSION, ManifestMismatch, bui
 from flink_memory.config import CHECKOUT_CONF, ConfigError, load_config
 from flink_memory.digests import digest_messages
 from flink_memory.migrations import decode_state, encode_state
-from flink_memory.state import STATE_VERSION, StateVersionError
+from flink_memory.state_layout import STATE_VERSION, StateVersionError
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGED = "flink_memory/conf/flink-memory.yaml"

@@ -10,7 +10,8 @@ from flink_memory.migrations import encode_state
 from flink_memory.records import MemoryUnit
 from flink_memory.requests import ContextOverflow, LLMCallError
 from flink_memory.stages.protocol import Culprit
-from flink_memory.state import MemoryState, StateTransaction, StateVersionError
+from flink_memory.state import MemoryState, StateTransaction
+from flink_memory.state_layout import StateVersionError
 
 
 def item(agent, i, text=None, ts=None):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from flink_memory.state import StateModel, StoredModel
+from flink_memory.state_layout import StateModel, StoredModel
 from flink_memory.topology import STAGES
 
 VALUES = Path(__file__).resolve().parent / "data" / "state-2-values.jsonl"

@@ -16,7 +16,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import MemoryUnit
 from flink_memory.stages.reduce_state import ReduceJobV2
-from flink_memory.state import StateModel, StateSchema
+from flink_memory.state import StateSchema
+from flink_memory.state_layout import StateModel
 from flink_memory.summarize.batching import BatchBuffer
 from flink_memory.summarize.reduce import ReduceJob
 

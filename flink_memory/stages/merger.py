@@ -40,7 +40,8 @@ from flink_memory.stages.merger_state import (
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, StageMessage
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import log_line
-from flink_memory.state import StateTransaction, dump_model
+from flink_memory.state import StateTransaction
+from flink_memory.state_layout import dump_model
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.rooms import Rooms
 from flink_memory.summarize.tree import ChildRef, SummaryTree, merge_entry

@@ -18,7 +18,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import SummaryNode
 from flink_memory.stages.reduce_state import ReduceJobV2
-from flink_memory.state import StateModel, StateSchema, StoredModel
+from flink_memory.state import StateSchema
+from flink_memory.state_layout import StateModel, StoredModel
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
 

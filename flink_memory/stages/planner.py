@@ -57,7 +57,8 @@ from flink_memory.stages.planner_state import (
     plan_progress,
 )
 from flink_memory.stages.protocol import Culprit
-from flink_memory.state import StateTransaction, StateVersionError, seq_key
+from flink_memory.state import StateTransaction, seq_key
+from flink_memory.state_layout import StateVersionError
 from flink_memory.summarize.rooms import Rooms
 
 

@@ -14,7 +14,8 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from flink_memory.chunking.plans import PlanJob
-from flink_memory.state import StateModel, StateSchema
+from flink_memory.state import StateSchema
+from flink_memory.state_layout import StateModel
 
 HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
 

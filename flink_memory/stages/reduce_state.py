@@ -7,7 +7,7 @@ from typing import Any, ClassVar
 
 from pydantic import Field
 
-from flink_memory.state import StateModel
+from flink_memory.state_layout import StateModel
 from flink_memory.summarize.prompts import Purpose
 from flink_memory.summarize.reduce import ReduceJob
 
