@@ -154,7 +154,7 @@ def test_installed_wheel_runs_the_same_effective_config_as_the_checkout(installe
 @pytest.mark.slow
 def test_installed_wheel_has_the_checkouts_versions_and_reads_its_own_conf(installed):
     probe = ("import json, flink_memory, flink_memory.config as c, flink_memory.chunking.manifest as m, "
-             "flink_memory.state as s; print(json.dumps({'path': list(flink_memory.__path__), "
+             "flink_memory.state_layout as s; print(json.dumps({'path': list(flink_memory.__path__), "
              "'conf': str(c.PACKAGE_CONF), 'schema': m.SCHEMA_VERSION, 'state': s.STATE_VERSION}))")
     found = json.loads(subprocess.run([str(installed["python"]), "-c", probe], cwd=installed["cwd"],
                                       env=clean_env(), check=True, capture_output=True, text=True).stdout)

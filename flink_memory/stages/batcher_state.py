@@ -4,7 +4,7 @@ Per agent: the open batch's buffer (small: counts and dates) with its units in a
 where each unit is (a map by unit id), the batches being summarized, the emitted batches whose units are
 still editable, and the counters (`BatcherMeta`). The `*V2` models are the checkpoint layout (version 2:
 their names and JSON fields are in every checkpoint); the domain types beside them may change freely, each
-conversion being field by field (`flink_memory.state.StateModel`). Units are `records.MemoryUnit`, an
+conversion being field by field (`flink_memory.state_layout.StateModel`). Units are `records.MemoryUnit`, an
 output contract of its own, stored as it is.
 """
 

@@ -6,7 +6,7 @@ editable), the merges and the global being made, when the next global and sweep 
 in its memory log. The `*V2` models are the checkpoint layout (version 2: their names and JSON fields are in
 every checkpoint; a tree's slots and a job's children are parts of them, without a version of their own);
 the domain types beside them may change freely, each conversion being field by field
-(`flink_memory.state.StateModel`). Nodes are `records.SummaryNode`, an output contract of its own, stored as
+(`flink_memory.state_layout.StateModel`). Nodes are `records.SummaryNode`, an output contract of its own, stored as
 it is.
 """
 

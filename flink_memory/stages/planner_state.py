@@ -4,7 +4,7 @@ Per agent: the queue of records in input order (a head and a map by sequence num
 by id (what an update or a deletion must retract), the verified manifests of plans that cost a call (by
 input digest), and the clock of the next sweep. The `*V2` models are the checkpoint layout (version 2:
 their names and JSON fields are in every checkpoint); the domain types beside them may change freely, each
-conversion being field by field (`flink_memory.state.StateModel`).
+conversion being field by field (`flink_memory.state_layout.StateModel`).
 """
 
 from __future__ import annotations
