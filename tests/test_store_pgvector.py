@@ -82,7 +82,7 @@ def test_vectors_are_pgvectors_with_an_hnsw_index_once_the_model_is_known(pgvect
             with conn.transaction():
                 conn.execute("SET LOCAL enable_seqscan = off")  # (two rows: a scan would be cheaper)
                 sql = pgvector.NEAREST.format(dim=64, bucket=bucket)
-                return bucket, str(conn.execute(f"EXPLAIN {sql}", ("a", str([0.125] * 64), 5)).fetchall())
+                return bucket, str(conn.execute(f"EXPLAIN {sql}", (str([0.125] * 64), "a", 5)).fetchall())
 
         bucket, explained = store._db.run(plan)
         assert f"{INDEX}_{bucket} " in explained  # the agent's bucket's index serves recall's query
@@ -127,7 +127,9 @@ def test_a_store_written_as_bytes_is_converted_by_a_writer_who_may_create_the_ex
 def test_postgres_finds_the_same_top_results_as_sqlites_exact_search_for_large_and_small_agents(
         tmp_path, pgvector_url, monkeypatch):
     """A large agent (its nearest rows by the HNSW index, scanned on until enough of its rows are found) and
-    a small one (searched exactly): the top 5 of SQLite's exact search."""
+    a small one (searched exactly): the top 5 of SQLite's exact search, with the same scores. PostgreSQL's
+    cosines are pgvector's float32 inner products, SQLite's float64, and hits keep 6 decimals: rows whose
+    scores differ by less may change places, and the last place go to another row of its score."""
     monkeypatch.setattr(pgvector, "EXACT_BELOW", 100)  # (5000: this test's agents would all be small)
     rng = random.Random(5)
     vocabulary = [f"w{i}" for i in range(300)]
@@ -140,10 +142,24 @@ def test_postgres_finds_the_same_top_results_as_sqlites_exact_search_for_large_a
         with open_store(location, create=True, embedder=Hashed()) as store:
             for start in range(0, len(units), 500):
                 store.upsert_units(units[start:start + 500])
-            results.append([[h.node_id for h in store.recall(agent, q, k=5, mode=mode)]
+            results.append([[(h.node_id, h.score) for h in store.recall(agent, q, k=5, mode=mode)]
                             for agent in ("big", "small") for q in questions for mode in ("vector", "hybrid")])
-    assert results[0] == results[1]
+    for exact, found in zip(*results):
+        assert [score for _, score in found] == pytest.approx([score for _, score in exact], abs=2e-6)
+        assert tied_groups(found)[:-1] == tied_groups(exact)[:-1]
     assert all(len(hits) == 5 for hits in results[1])
+    assert sum(len(tied_groups(hits)) for hits in results[1]) > 3 * len(results[1])  # (mostly distinct scores)
+
+
+def tied_groups(hits, within=2e-6):
+    """The hits' ids in groups of scores within `within` of each other, best first."""
+    groups = []
+    for node_id, score in hits:
+        if groups and groups[-1][0] - score <= within:
+            groups[-1][1].add(node_id)
+        else:
+            groups.append((score, {node_id}))
+    return [ids for _, ids in groups]
 
 
 def test_postgres_keyword_candidates_take_the_rare_terms_matches_first(postgres_url):

@@ -30,9 +30,10 @@ class StoreConnection(ABC):
 
     @abstractmethod
     def _matching(self, agent_id: str, terms: list[str], limit: int, *,
-                  with_vectors: bool = False) -> list[tuple[Any, ...]]:
+                  question: Any | None = None) -> list[tuple[Any, ...]]:
         """HIT columns of the agent's rows holding any of `terms` (full text): all of them when there are at
-        most `limit`, else `limit` of those likely to rank best (by the engine's own rank or cheaper)."""
+        most `limit`, else `limit` of those likely to rank best (by the engine's own rank or cheaper). A store
+        that scores rows where they are adds each row's distance to the `question`'s vector, when given."""
 
     @abstractmethod
     def close(self) -> None: ...

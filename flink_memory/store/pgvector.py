@@ -11,8 +11,8 @@ column itself is an untyped `vector`, so a store is created before its model is 
 once the dimension is recorded. A recall asks for the agent's nearest rows by its bucket's index with the
 agent as a filter (pgvector 0.8's iterative scan goes on past `hnsw.ef_search` until enough rows of the
 agent are found), and for an agent of fewer than EXACT_BELOW rows exactly (its rows by the primary key,
-sorted). The cosines themselves are computed from the rows' vectors as on SQLite
-(flink_memory.store.vectors.exact_cosines), so both stores score a row alike.
+sorted). Each row found comes with its inner product with the question, computed where the vectors are: a
+row sends 8 bytes, not its vector.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from flink_memory.store.schema import BUCKET, BUCKETS, HIT, NODES
-from flink_memory.store.vectors import exact_cosines
 
 log = logging.getLogger(__name__)
 
@@ -31,11 +30,12 @@ COLUMN_TYPE = (f"SELECT t.typname FROM pg_attribute a JOIN pg_type t ON t.oid = 
                f"to_regclass('{NODES}') AND a.attname = 'vector' AND NOT a.attisdropped")
 VERSION = "SELECT extversion FROM pg_extension WHERE extname = 'vector'"
 # (the bucket a literal: the planner matches it to the predicate of the bucket's partial index)
-NEAREST = (f"SELECT {HIT}, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL AND {BUCKET} = "
-           "{bucket} ORDER BY vector::vector({dim}) <#> %s::vector({dim}) LIMIT %s")
+# (each row with its distance to the question last: the negative inner product, ordered by it)
+NEAREST = (f"SELECT {HIT}, vector::vector({{dim}}) <#> %s::vector({{dim}}) AS distance FROM {NODES} WHERE agent_id = "
+           f"%s AND vector IS NOT NULL AND {BUCKET} = {{bucket}} ORDER BY distance LIMIT %s")
 # the same order on the column itself, which the index (on the cast to the dimension) does not serve
-EXACT = (f"SELECT {HIT}, vector FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL "
-         "ORDER BY vector <#> %s::vector LIMIT %s")
+EXACT = (f"SELECT {HIT}, vector <#> %s::vector AS distance FROM {NODES} WHERE agent_id = %s AND vector IS NOT NULL "
+         "ORDER BY distance LIMIT %s")
 COUNT_UP_TO = f"SELECT count(*) FROM (SELECT 1 FROM {NODES} WHERE agent_id = %s LIMIT %s) r"
 SIZE_KNOWN_S = 60.0  # how long a reader trusts an agent's size class (small: searched exactly)
 EXACT_BELOW = 5000  # an agent with fewer rows is searched exactly (measured: docs/benchmarks.md)
@@ -43,8 +43,9 @@ EXACT_BELOW = 5000  # an agent with fewer rows is searched exactly (measured: do
 # static model's vectors in 6.5 ms (98% of e5's), 400 finds 94% in 12 ms, 1 000 99% in 23 ms (docs/benchmarks.md)
 EF_SEARCH = 160
 EF_SEARCH_NOT_ITERATIVE = 400
-VECTORS_OF = f"SELECT node_id, vector FROM {NODES} WHERE agent_id = %s AND node_id = ANY(%s) AND vector IS NOT NULL"
-# (found by a search: rows of the HIT columns and the vector, in pgvector's binary form)
+DISTANCES_OF = (f"SELECT node_id, vector <#> %s::vector FROM {NODES} WHERE agent_id = %s AND node_id = ANY(%s) "
+                "AND vector IS NOT NULL")
+# (found by a search: rows of the HIT columns, or the key alone, and the distance to the question last)
 Found = list[tuple[Any, ...]]
 # little-endian float32 bytes (the bytea column) as real[], for the one-time conversion of a store's column
 FLOATS = """CREATE OR REPLACE FUNCTION pg_temp.flink_memory_floats(b bytea) RETURNS real[] LANGUAGE sql IMMUTABLE AS $$
@@ -128,20 +129,21 @@ class Vectors:
         numbers = tuple(int(p) for p in version[0].split(".")[:2]) if version else (0, 0)
         return cls(extension=True, iterative=numbers >= (0, 8))
 
-    def nearest(self, conn: Any, agent_id: str, question: Any, nearest: int, rows: int, bucket: int) -> Found:
-        """The agent's `nearest` rows closest to the (unit) question, on a connection with the search's session
-        settings (`settings`); `rows`: the agent's rows up to EXACT_BELOW (`rows_of`), `bucket` its bucket.
+    def nearest(self, conn: Any, agent_id: str, question: str, nearest: int, rows: int, bucket: int) -> Found:
+        """The agent's `nearest` rows closest to the question (`text` of a unit vector), on a connection with
+        the search's session settings (`settings`); `rows`: the agent's rows up to EXACT_BELOW (`rows_of`),
+        `bucket` its bucket.
 
         An agent with fewer than EXACT_BELOW rows is searched exactly (its rows by the primary key, sorted);
         a larger one by its bucket's HNSW index, and exactly after all when the index scan stopped short of
         `nearest` rows of the agent (its share of the bucket too small for the scan's bounds)."""
-        dim, vector = len(question), text(question)
         found: Found = []
         if rows >= EXACT_BELOW:
-            found = conn.cursor(binary=True).execute(NEAREST.format(dim=dim, bucket=int(bucket)),
-                                                     (agent_id, vector, nearest), prepare=False).fetchall()
+            dim = question.count(",") + 1
+            found = conn.execute(NEAREST.format(dim=dim, bucket=int(bucket)), (question, agent_id, nearest),
+                                 prepare=False).fetchall()
         if len(found) < nearest:
-            found = conn.cursor(binary=True).execute(EXACT, (agent_id, vector, nearest), prepare=False).fetchall()
+            found = conn.execute(EXACT, (question, agent_id, nearest), prepare=False).fetchall()
         return found
 
     @staticmethod
@@ -149,9 +151,11 @@ class Vectors:
         """The agent's rows, counted up to EXACT_BELOW."""
         return int(conn.execute(COUNT_UP_TO, (agent_id, EXACT_BELOW), prepare=False).fetchone()[0])
 
-    def of_rows(self, conn: Any, agent_id: str, keys: list[str]) -> Found:
-        """The vectors of the agent's rows `keys` (those of them with one), as (key, vector) rows."""
-        return conn.cursor(binary=True).execute(VECTORS_OF, (agent_id, keys), prepare=False).fetchall()
+    @staticmethod
+    def distances_of(conn: Any, agent_id: str, question: str, keys: list[str]) -> Found:
+        """The distances to the question of the agent's rows `keys` (those of them with a vector), as (key,
+        distance) rows."""
+        return conn.execute(DISTANCES_OF, (question, agent_id, keys), prepare=False).fetchall()
 
     def settings(self) -> list[str]:
         """The session settings of the connection that searches: EF_SEARCH candidates, then on by an iterative
@@ -165,12 +169,7 @@ class Vectors:
         return [*scan, "SET enable_sort = off"]
 
 
-def scored(found: Found, question: Any) -> dict[str, float]:
-    """Cosines of found rows (their key first, their vector last) with the (unit) question."""
-    import numpy as np
-
-    found = [row for row in found if row[-1] is not None]
-    if not found:
-        return {}
-    matrix = np.stack([from_binary(row[-1]) for row in found])
-    return dict(zip([row[0] for row in found], exact_cosines(matrix, question)))
+def cosines(found: Found) -> dict[str, float]:
+    """Cosines of found rows (their key first, their distance to the unit question last) with the question:
+    pgvector's inner product, in float32 (SQLite's are in float64: the two agree to about 1e-7)."""
+    return {row[0]: -row[-1] for row in found if row[-1] is not None}

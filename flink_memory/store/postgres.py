@@ -45,19 +45,27 @@ T = TypeVar("T")
 RARE_SHARE = 0.01  # a term in fewer of the table's rows is rare: all its matches of the agent are ranked
 MATCH_CAP = 5000  # matches of the rare terms ranked at most
 COMMON_RANKED = 2  # matches of the common terms ranked per row still wanted
-# the terms whose lexeme is among the tsvector column's most common elements, at least RARE_SHARE of the rows
-# (those elements read once per question, not once per term: pg_stats is a view of four catalogs)
-COMMON_TERMS = (
-    "WITH common AS MATERIALIZED (SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], "
-    "s.most_common_elem_freqs) m(e, f) WHERE s.schemaname = current_schema() AND s.tablename = "
-    f"'{NODES}' AND s.attname = 'tsv' AND m.f >= %s) SELECT t FROM unnest(%s::text[]) t WHERE EXISTS "
-    "(SELECT 1 FROM unnest(to_tsvector('english', t)) v JOIN common c ON c.e = v.lexeme)")
-# (the bucket a literal: the planner matches it to the predicate of the bucket's partial index)
-RANKED = (f"SELECT {HIT}{{vector}} FROM (SELECT {HIT}, tsv{{vector}} FROM {NODES} WHERE agent_id = %s AND "
-          f"{BUCKET} = {{bucket}} AND tsv @@ to_tsquery('english', %s) LIMIT %s) m "
-          "ORDER BY ts_rank_cd(tsv, to_tsquery('english', %s), 1) DESC LIMIT %s")
+# the lexemes among the tsvector column's most common elements, in at least RARE_SHARE of the rows (read once
+# per TERMS_KNOWN_S: pg_stats is a view of four catalogs, 1-2 ms a question when asked per term)
+COMMON_LEXEMES = (
+    "SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) m(e, f) "
+    f"WHERE s.schemaname = current_schema() AND s.tablename = '{NODES}' AND s.attname = 'tsv' AND m.f >= %s")
+LEXEMES = "SELECT t, ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t))) FROM unnest(%s::text[]) t"
+# The keyword candidates in one statement: the rare terms' matches (at most MATCH_CAP) ranked by ts_rank_cd over
+# every term, then, while fewer than `limit`, COMMON_RANKED matches of the common terms per row still wanted
+# (a LIMIT of 0 runs nothing). The bucket is a literal: the planner matches it to its partial index's predicate.
+MATCHES = (f"SELECT {HIT}, tsv{{vector}} FROM {NODES} WHERE agent_id = %(agent)s AND {BUCKET} = {{bucket}} AND "
+           "tsv @@ to_tsquery('english', %({kind})s) LIMIT {cap}")
+# (the common terms' matches planned for their most, COMMON_RANKED per row of `limit`, then cut to those still
+# wanted when it runs: a LIMIT unknown when planning is taken for a tenth of the matches, read by bitmaps)
+STILL_WANTED = f"SELECT * FROM ({{matches}}) c LIMIT {COMMON_RANKED} * (%(limit)s - (SELECT count(*) FROM rare))"
+PASS = (f"SELECT {{place}} AS place, {HIT}{{vector}}, ts_rank_cd(tsv, to_tsquery('english', %(every)s), 1) AS rank "
+        "FROM ({matches}) m ORDER BY rank DESC LIMIT %(limit)s")
+# each row with its distance to the question (pgvector's negative inner product) when it is known: computed on
+# the server for the rows kept, 8 bytes a row sent rather than the vector's 1 KB (2 ms of 400 rows' vectors)
+DISTANCE = ", vector <#> %(question)s::vector"
 KEYWORD_INDEX = f"{NODES}_tsv"  # KEYWORD_INDEX_0 .. _31, one per bucket (before them: one, KEYWORD_INDEX)
-TERMS_KNOWN_S = 300.0  # how long a reader trusts that a term is common or rare (statistics change on ANALYZE)
+TERMS_KNOWN_S = 300.0  # how long a reader trusts the common lexemes (statistics change on ANALYZE)
 TERMS_KEPT = 100_000  # terms remembered at most (then forgotten all at once)
 BUCKET_STATISTICS = f"{NODES}_bucket"  # the planner's statistics of an agent with its bucket (_bucket_statistics)
 # the store's connections plan for rows and indexes read from memory, as a recall's are (PostgreSQL's default of
@@ -117,7 +125,8 @@ class PostgresStore(MemoryStore):
         self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
         self._indexed = False  # the HNSW index is known to exist
         self._search_db: PostgresConnection | None = None  # (recall's search by meaning, opened at its first)
-        self._terms: dict[str, tuple[bool, float]] = {}  # term -> (common, when it was asked)
+        self._lexemes: dict[str, tuple[str, ...]] = {}  # term -> its lexemes (to_tsvector's)
+        self._common: tuple[frozenset[str], float] = (frozenset(), -TERMS_KNOWN_S)  # common lexemes, when read
         self._buckets: dict[str, int] = {}  # agent -> its bucket
         self._sizes: dict[str, tuple[int, float]] = {}  # agent -> (its rows up to EXACT_BELOW, when counted)
         try:
@@ -197,22 +206,34 @@ class PostgresStore(MemoryStore):
         self._db.run(write)
 
     def _matching(self, agent_id: str, terms: list[str], limit: int, *,
-                  with_vectors: bool = False) -> list[tuple[Any, ...]]:
+                  question: Any | None = None) -> list[tuple[Any, ...]]:
         """The agent's rows holding a rare term of the question (in under RARE_SHARE of the table's rows, by
         PostgreSQL's statistics of the tsvector column), ranked by ts_rank_cd over all the terms; then, up to
         `limit`, rows holding its common terms, the best of COMMON_RANKED per row wanted. Bounded so (at most
         MATCH_CAP matches of rare terms), since a word in most of an agent's 100 000 rows would otherwise cost
-        a rank of each (hundreds of milliseconds), where its matches add little: its weight is low."""
+        a rank of each (hundreds of milliseconds), where its matches add little: its weight is low. With the
+        `question`'s vector, each row has its distance to it last (None: no vector yet)."""
         common = self._common_terms(terms)
-        every = " | ".join(tsquery_term(t) for t in terms)
-        ranked = RANKED.format(vector=", vector" if with_vectors else "", bucket=self._bucket_of(agent_id))
+        kinds = {kind: some for kind, some in (("rare", [t for t in terms if t not in common]),
+                                              ("common", [t for t in terms if t in common])) if some}
+        vector, bucket = ("" if question is None else ", vector"), self._bucket_of(agent_id)
+
+        def matches(kind: str) -> str:
+            cap = MATCH_CAP if kind == "rare" else f"{COMMON_RANKED} * %(limit)s"
+            found = MATCHES.format(vector=vector, bucket=bucket, kind=kind, cap=cap)
+            return STILL_WANTED.format(matches=found) if kind == "common" and "rare" in kinds else found
+
+        parts = ", ".join(f"{kind} AS MATERIALIZED ({PASS.format(place=place, vector=vector, matches=matches(kind))})"
+                          for place, kind in enumerate(kinds))
+        sql = (f"WITH {parts} SELECT {HIT}{DISTANCE if question is not None else ''} FROM "
+               f"({' UNION ALL '.join(f'SELECT * FROM {kind}' for kind in kinds)}) f ORDER BY place, rank DESC")
+        params = {"agent": agent_id, "limit": limit, "every": " | ".join(map(tsquery_term, terms)),
+                  **{kind: " | ".join(map(tsquery_term, some)) for kind, some in kinds.items()}}
+        if question is not None:
+            params["question"] = pgvector.text(question)
         found: dict[str, tuple[Any, ...]] = {}
-        for kind, cap in (([t for t in terms if t not in common], MATCH_CAP), ([t for t in terms if t in common], 0)):
-            if kind and len(found) < limit:
-                match = " | ".join(tsquery_term(t) for t in kind)
-                cap = cap or COMMON_RANKED * (limit - len(found))
-                for row in self._fetch(ranked, (agent_id, match, cap, every, limit), binary=with_vectors):
-                    found.setdefault(row[0], row)
+        for row in self._fetch(sql, params):
+            found.setdefault(row[0], row)
         return list(found.values())[:limit]
 
     def _bucket_of(self, agent_id: str) -> int:
@@ -224,18 +245,19 @@ class PostgresStore(MemoryStore):
         return self._buckets[agent_id]
 
     def _common_terms(self, terms: list[str]) -> set[str]:
-        """The question's terms whose lexeme is common in the table (COMMON_TERMS), each remembered for
-        TERMS_KNOWN_S: most questions then ask nothing."""
+        """The question's terms with a lexeme among the table's common ones (COMMON_LEXEMES, read again after
+        TERMS_KNOWN_S); a term's lexemes are remembered (they never change), so most questions ask nothing."""
         now = time.monotonic()
-        known = {t: self._terms.get(t, (False, -TERMS_KNOWN_S)) for t in terms}
-        unknown = [t for t, (_, asked) in known.items() if now - asked >= TERMS_KNOWN_S]
+        if now - self._common[1] >= TERMS_KNOWN_S:
+            self._common = (frozenset(row[0] for row in self._fetch(COMMON_LEXEMES, (RARE_SHARE,))), now)
+        unknown = [t for t in dict.fromkeys(terms) if t not in self._lexemes]
         if unknown:
-            common = {row[0] for row in self._fetch(COMMON_TERMS, (RARE_SHARE, unknown))}
-            known.update((t, (t in common, now)) for t in unknown)
-            if len(self._terms) > TERMS_KEPT:
-                self._terms.clear()
-            self._terms.update((t, known[t]) for t in unknown)
-        return {t for t, (common_term, _) in known.items() if common_term}
+            if len(self._lexemes) + len(unknown) > TERMS_KEPT:
+                self._lexemes.clear()
+                unknown = list(dict.fromkeys(terms))
+            self._lexemes.update((t, tuple(lexemes)) for t, lexemes in self._fetch(LEXEMES, (unknown,)))
+        common = self._common[0]
+        return {t for t in terms if any(lexeme in common for lexeme in self._lexemes.get(t, ()))}
 
     def _vector_value(self, vector: Any) -> Any:
         return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
@@ -268,8 +290,8 @@ class PostgresStore(MemoryStore):
     def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[
             [Mapping[str, tuple[Any, ...]]], tuple[dict[str, float], dict[str, tuple[Any, ...]]]]:
         """The search by meaning on a second connection (its session set for the index scan), in a thread
-        while the first searches by keyword (with each row's vector): the server runs both at once. Found
-        rows come with their HIT columns, so none is read again."""
+        while the first searches by keyword (with each row's distance, when the question was embedded
+        first): the server runs both at once. Found rows come with their HIT columns, so none is read again."""
         if not self.vectors.extension:
             return super()._nearest_meanwhile(agent_id, question)
         if self._search_db is None:
@@ -280,8 +302,8 @@ class PostgresStore(MemoryStore):
         search_db = self._search_db
         bucket = self._bucket_of(agent_id)  # (remembered after an agent's first recall)
 
-        def search() -> tuple[Any, pgvector.Found]:
-            vector = question()
+        def search() -> tuple[str, pgvector.Found]:
+            vector = pgvector.text(question())
             return vector, self._reach(search_db, lambda conn: self.vectors.nearest(
                 conn, agent_id, vector, VECTOR_CANDIDATES, self._rows_of(conn, agent_id), bucket))
 
@@ -290,11 +312,11 @@ class PostgresStore(MemoryStore):
         def result(rows: Mapping[str, tuple[Any, ...]]) -> tuple[dict[str, float], dict[str, tuple[Any, ...]]]:
             vector, found = searched()
             nearest = {row[0]: row[:-1] for row in found}
-            with_vector = [row for key, row in rows.items() if key not in nearest and len(row) > HIT_WIDTH]
+            scored = [row for key, row in rows.items() if key not in nearest and len(row) > HIT_WIDTH]
             rest = [key for key, row in rows.items() if key not in nearest and len(row) == HIT_WIDTH]
-            if rest:  # (keyword rows read without their vectors)
-                with_vector += self._reach(search_db, lambda conn: self.vectors.of_rows(conn, agent_id, rest))
-            return pgvector.scored([*found, *with_vector], vector), nearest
+            if rest:  # (keyword rows read before the question's vector was known)
+                scored += self._reach(search_db, lambda conn: self.vectors.distances_of(conn, agent_id, vector, rest))
+            return pgvector.cosines([*found, *scored]), nearest
 
         return result
 

@@ -71,14 +71,15 @@ class StoreRecall(VectorRows):
         counts = TermCounts(terms)
         rows: dict[str, tuple[Any, ...]] = {}
         try:
-            if mode != "vector":
-                matching = self._matching(agent_id, terms, KEYWORD_CANDIDATES, with_vectors=question is not None)
+            if mode != "vector":  # (an inline model's vector is known already: a store may score rows by it)
+                ready = question() if question is not None and embedder is not None and embedder.inline else None
+                matching = self._matching(agent_id, terms, KEYWORD_CANDIDATES, question=ready)
                 rows = {row[0]: row for row in matching}
             for row in rows.values() if question is not None else ():
                 counts.of(row[4])  # (while the question is embedded and searched)
         finally:
             scores, nearest_rows = by_meaning(rows) if by_meaning is not None else ({}, {})
-        rows = {key: row[:HIT_WIDTH] for key, row in rows.items()}  # (a keyword row read with its vector)
+        rows = {key: row[:HIT_WIDTH] for key, row in rows.items()}  # (a keyword row read with its distance)
         for key, row in nearest_rows.items():
             rows.setdefault(key, row)
         missing = [key for key in sorted(scores, key=lambda key: -scores[key])[:VECTOR_CANDIDATES] if key not in rows]

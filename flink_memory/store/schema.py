@@ -46,7 +46,7 @@ BUCKET = f"(hashtext(agent_id) & {BUCKETS - 1})"
 BUCKET_OF = f"SELECT {BUCKET.replace('agent_id', '%s::text')}"
 # what recall reads of a row
 HIT = "node_id, kind, level, steps, text, covered_by, first_ts, last_ts"
-HIT_WIDTH = HIT.count(",") + 1  # (a row read with its vector too has one more column, last)
+HIT_WIDTH = HIT.count(",") + 1  # (a row read with its distance to the question has one more, last)
 
 # The statements both stores run, with `?` placeholders (PostgreSQL's store turns them into `%s`).
 RECORD_REPLACED = f"INSERT INTO {REPLACED} (agent_id, node_id) VALUES (?, ?) ON CONFLICT DO NOTHING"
@@ -132,6 +132,7 @@ BUMP = (f"INSERT INTO {GENERATIONS} (agent_id, generation) VALUES (?, 1) ON CONF
 GENERATION = f"SELECT generation FROM {GENERATIONS} WHERE agent_id = ?"
 CREATE_GENERATIONS = f"CREATE TABLE IF NOT EXISTS {GENERATIONS} (agent_id TEXT PRIMARY KEY, generation BIGINT NOT NULL)"
 META_VALUE = f"SELECT value FROM {META} WHERE key = ?"
+MODEL = f"SELECT key, value FROM {META} WHERE key IN ('embedding_model', 'embedding_dim')"
 SET_META = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
 AGENTS = f"SELECT DISTINCT agent_id FROM {NODES} ORDER BY agent_id"
 HAS_AGENT = f"SELECT 1 FROM {NODES} WHERE agent_id = ? LIMIT 1"

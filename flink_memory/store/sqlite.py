@@ -153,7 +153,7 @@ class SqliteStore(MemoryStore):
             self._db.execute("COMMIT")
 
     def _matching(self, agent_id: str, terms: list[str], limit: int, *,
-                  with_vectors: bool = False) -> list[tuple[Any, ...]]:
+                  question: Any | None = None) -> list[tuple[Any, ...]]:
         columns = ", ".join(f"n.{c.strip()}" for c in HIT.split(","))
         if not self._per_agent:  # an index of text only (a store not yet opened by a writer of this release)
             sql = (f"SELECT {columns} FROM {FTS} JOIN {NODES} n ON n.id = {FTS}.rowid "

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flink_memory.store.connection import StoreConnection
 from flink_memory.store.rules import StoreError
-from flink_memory.store.schema import META, NODES, SET_META, SET_VECTOR, UNEMBEDDED, text_digest
+from flink_memory.store.schema import META, MODEL, NODES, SET_META, SET_VECTOR, UNEMBEDDED, text_digest
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
@@ -37,14 +37,14 @@ class VectorRows(StoreConnection):
     def _check_model(self, embedder: Embedder, *, record: bool) -> bool:
         """True when the store's vectors are of `embedder`'s model (recording it when `record` and none is
         recorded yet); False when the store holds no vectors yet. Another model: StoreError."""
-        name = self.embedding_model()
-        if name is None and record:
+        model = dict(self._fetch(self._sql(MODEL), ()))  # (read at every recall: one statement)
+        if "embedding_model" not in model and record:
             self._write([], [(self._sql(SET_META), ("embedding_model", embedder.name)),
                              (self._sql(SET_META), ("embedding_dim", str(embedder.dim)))])
-            name = self._meta("embedding_model")
+            model = dict(self._fetch(self._sql(MODEL), ()))
+        name, dim = model.get("embedding_model"), model.get("embedding_dim")
         if name is None:
             return False
-        dim = self._meta("embedding_dim")
         if name != embedder.name or dim != str(embedder.dim):
             raise StoreError(f"the vectors of {self.location} are of the embedding model {name} ({dim} dimensions), "
                              f"not {embedder.name} ({embedder.dim}): set embeddings.provider and embeddings.model "
