@@ -1,9 +1,13 @@
 """The recall ranking in plain Python: a keyword weight that never drops to zero, cosine, fusion, specificity."""
 
+import random
+import re
+
 import pytest
 
 from flink_memory.store.ranking import (
     Candidate,
+    TermCounts,
     cosine,
     idf,
     keyword_scores,
@@ -53,3 +57,15 @@ def test_hybrid_combines_both_and_keeps_specificity(fusion):
     assert scores["merge-1"] == pytest.approx(scores["batch-1"] * SPECIFICITY)
     keyword_only = [c.key for c, _ in rank(query_terms("dog"), candidates, rows=4, k=4, mode="keyword")]
     assert keyword_only == ["unit-1"]  # no vectors looked at: only rows sharing a term
+
+
+def test_term_counts_read_ascii_and_other_text_alike():
+    """Lower-case ASCII text is split by a faster pattern: it finds the words the Unicode one does."""
+    rng = random.Random(11)
+    alphabet = "abcXYZ019 _-'.,é"
+    terms = ["abc", "xyz", "zé", "019"]
+    for _ in range(500):
+        text = "".join(rng.choices(alphabet, k=rng.randrange(40)))
+        found = re.findall(r"[^\W_]+", text.lower())
+        expected = [sum(1 for w in found if stem(w) == stem(t)) for t in terms]
+        assert TermCounts(terms).of(text) == (expected, len(found)), text

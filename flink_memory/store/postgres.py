@@ -26,6 +26,7 @@ from flink_memory.store.schema import (
     BUCKETS,
     CREATE_GENERATIONS,
     CREATE_LOG_TABLES,
+    GENERATIONS,
     HIT,
     HIT_WIDTH,
     INIT_META,
@@ -51,6 +52,12 @@ COMMON_LEXEMES = (
     "SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) m(e, f) "
     f"WHERE s.schemaname = current_schema() AND s.tablename = '{NODES}' AND s.attname = 'tsv' AND m.f >= %s")
 LEXEMES = "SELECT t, ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t))) FROM unnest(%s::text[]) t"
+# what a recall reads as it starts, in one round trip: the model's record, the agent's generation and the
+# lexemes of the question's terms not yet known (flink_memory.store.recall.StoreRecall._recall_facts)
+FACTS = (f"SELECT 'model', key, value, NULL::text[] FROM {META} WHERE key IN ('embedding_model', 'embedding_dim') "
+         f"UNION ALL SELECT 'generation', NULL, generation::text, NULL::text[] FROM {GENERATIONS} WHERE agent_id = %s "
+         "UNION ALL SELECT 'term', t, NULL, ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t))) "
+         "FROM unnest(%s::text[]) t")
 # The keyword candidates in one statement: the rare terms' matches (at most MATCH_CAP) ranked by ts_rank_cd over
 # every term, then, while fewer than `limit`, COMMON_RANKED matches of the common terms per row still wanted
 # (a LIMIT of 0 runs nothing). The bucket is a literal: the planner matches it to its partial index's predicate.
@@ -244,17 +251,34 @@ class PostgresStore(MemoryStore):
             self._buckets[agent_id] = int(self._fetch(BUCKET_OF, (agent_id,))[0][0])
         return self._buckets[agent_id]
 
+    def _recall_facts(self, agent_id: str, terms: list[str]) -> tuple[dict[str, str], int | None]:
+        """The model's record and the agent's generation, with the lexemes of the terms not yet known, in one
+        statement (a store written before generations: as other stores read them)."""
+        unknown = self._unknown_terms(terms)
+        try:
+            rows = self._fetch(FACTS, (agent_id, unknown))
+        except self.missing_table:
+            return super()._recall_facts(agent_id, terms)
+        self._lexemes.update((term, tuple(lexemes)) for kind, term, _, lexemes in rows if kind == "term")
+        generations = [int(value) for kind, _, value, _ in rows if kind == "generation"]
+        return {key: value for kind, key, value, _ in rows if kind == "model"}, (generations or [0])[0]
+
+    def _unknown_terms(self, terms: list[str]) -> list[str]:
+        """The terms whose lexemes this reader does not know (all of them, once it knows too many)."""
+        unknown = [t for t in dict.fromkeys(terms) if t not in self._lexemes]
+        if len(self._lexemes) + len(unknown) > TERMS_KEPT:
+            self._lexemes.clear()
+            unknown = list(dict.fromkeys(terms))
+        return unknown
+
     def _common_terms(self, terms: list[str]) -> set[str]:
         """The question's terms with a lexeme among the table's common ones (COMMON_LEXEMES, read again after
         TERMS_KNOWN_S); a term's lexemes are remembered (they never change), so most questions ask nothing."""
         now = time.monotonic()
         if now - self._common[1] >= TERMS_KNOWN_S:
             self._common = (frozenset(row[0] for row in self._fetch(COMMON_LEXEMES, (RARE_SHARE,))), now)
-        unknown = [t for t in dict.fromkeys(terms) if t not in self._lexemes]
+        unknown = self._unknown_terms(terms)
         if unknown:
-            if len(self._lexemes) + len(unknown) > TERMS_KEPT:
-                self._lexemes.clear()
-                unknown = list(dict.fromkeys(terms))
             self._lexemes.update((t, tuple(lexemes)) for t, lexemes in self._fetch(LEXEMES, (unknown,)))
         common = self._common[0]
         return {t for t in terms if any(lexeme in common for lexeme in self._lexemes.get(t, ()))}
@@ -262,9 +286,9 @@ class PostgresStore(MemoryStore):
     def _vector_value(self, vector: Any) -> Any:
         return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
 
-    def _check_model(self, embedder: Embedder, *, record: bool) -> bool:
+    def _check_model(self, embedder: Embedder, *, record: bool, model: dict[str, str] | None = None) -> bool:
         """The model check, and the HNSW index of the model's dimension once a writer recorded it."""
-        known = super()._check_model(embedder, record=record)
+        known = super()._check_model(embedder, record=record, model=model)
         if known and record and self.vectors.extension and not self._indexed:
             def index(conn: Any) -> None:
                 with conn.transaction():
@@ -287,13 +311,13 @@ class PostgresStore(MemoryStore):
             self._indexed = False
         return super().forget_vectors()
 
-    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[
+    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any], generation: int | None) -> Callable[
             [Mapping[str, tuple[Any, ...]]], tuple[dict[str, float], dict[str, tuple[Any, ...]]]]:
         """The search by meaning on a second connection (its session set for the index scan), in a thread
         while the first searches by keyword (with each row's distance, when the question was embedded
         first): the server runs both at once. Found rows come with their HIT columns, so none is read again."""
         if not self.vectors.extension:
-            return super()._nearest_meanwhile(agent_id, question)
+            return super()._nearest_meanwhile(agent_id, question, generation)
         if self._search_db is None:
             settings = self.vectors.settings()
             self._search_db = PostgresConnection(

@@ -60,10 +60,12 @@ class StoreRecall(VectorRows):
         mode = mode or ("hybrid" if self.embedder is not None else "keyword")
         if mode != "keyword" and self.embedder is None:
             raise StoreError(f"recall --mode {mode} needs an embedding model (embeddings.provider is none)")
+        model, generation = self._recall_facts(agent_id, terms if mode != "vector" else [])
         embedder = self.embedder if mode != "keyword" else None  # (the question embedded while the store searches:)
-        question = embedder.query_meanwhile(query) if embedder and self._check_model(embedder, record=False) else None
+        known = embedder is not None and self._check_model(embedder, record=False, model=model)
+        question = embedder.query_meanwhile(query) if embedder is not None and known else None
         try:
-            by_meaning = self._nearest_meanwhile(agent_id, question) if question is not None else None
+            by_meaning = self._nearest_meanwhile(agent_id, question, generation) if question is not None else None
         except BaseException:
             with contextlib.suppress(Exception):
                 question()  # (waited for: an embedder is never used by two of its calls at once)
@@ -93,7 +95,6 @@ class StoreRecall(VectorRows):
         if not rows:
             return []
         self._vector_cache = self._vector_cache or VectorCache()
-        generation = self._generation(agent_id)
         total = self._vector_cache.rows(agent_id, generation,
                                         lambda agent: int(self._fetch(self._sql(ROWS_OF_AGENT), (agent,))[0][0]))
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key))
@@ -114,6 +115,11 @@ class StoreRecall(VectorRows):
                          terms=terms(c)) for h, (c, _) in zip(hits, ranked)]
         chosen = diversify(chosen, stands_for(chosen, lambda ids: self._children(agent_id, generation, ids)), k, weight)
         return [by_id[c.key].model_copy(update={"folds": c.folds}) if c.folds else by_id[c.key] for c in chosen]
+
+    def _recall_facts(self, agent_id: str, terms: list[str]) -> tuple[dict[str, str], int | None]:
+        """The store's record of its model (`_model`) and the agent's generation, read as a recall starts; a
+        store may also learn what it needs of the question's keyword `terms` in the same round trip."""
+        return self._model(), self._generation(agent_id)
 
     def _children(self, agent_id: str, generation: int | None, node_ids: list[str]) -> dict[str, list[str]]:
         """The child ids of these live nodes (a batch node's are unit ids), kept while the agent's generation
@@ -137,14 +143,15 @@ class StoreRecall(VectorRows):
             cached.update({n: found.get(n, []) for n in missing})
         return {n: cached[n] for n in node_ids}
 
-    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any]) -> Callable[
+    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any], generation: int | None) -> Callable[
             [Mapping[str, tuple[Any, ...]]], tuple[dict[str, float], dict[str, tuple[Any, ...]]]]:
         """Cosines of the agent's nearest rows, searched exactly on its cached matrix (store/vectors.py) in a
         thread while the caller searches by keyword; the result, given the keyword rows, adds their cosines and
         waits for the search (or raises what it raised), with the HIT rows it found that the caller lacks (none
-        here: the caller reads them). The caller calls it, also on errors."""
+        here: the caller reads them). The caller calls it, also on errors. `generation`: the agent's, read as
+        the recall started (what the cached matrix is kept by)."""
         self._vector_cache = self._vector_cache or VectorCache()
-        vectors = self._vector_cache.vectors(agent_id, self._generation(agent_id),
+        vectors = self._vector_cache.vectors(agent_id, generation,
                                              lambda agent: self._fetch(self._sql(VECTORS_OF_AGENT), (agent,)))
 
         def search() -> tuple[Any, list[int]]:

@@ -34,14 +34,19 @@ class VectorRows(StoreConnection):
         rows, embedded = self._fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
         return int(rows), int(embedded)
 
-    def _check_model(self, embedder: Embedder, *, record: bool) -> bool:
+    def _model(self) -> dict[str, str]:
+        """The store's record of its vectors' model: embedding_model and embedding_dim (none: no vectors yet)."""
+        return dict(self._fetch(self._sql(MODEL), ()))
+
+    def _check_model(self, embedder: Embedder, *, record: bool, model: dict[str, str] | None = None) -> bool:
         """True when the store's vectors are of `embedder`'s model (recording it when `record` and none is
-        recorded yet); False when the store holds no vectors yet. Another model: StoreError."""
-        model = dict(self._fetch(self._sql(MODEL), ()))  # (read at every recall: one statement)
+        recorded yet); False when the store holds no vectors yet. Another model: StoreError. `model`: the
+        store's record (`_model`), when read already."""
+        model = self._model() if model is None else model
         if "embedding_model" not in model and record:
             self._write([], [(self._sql(SET_META), ("embedding_model", embedder.name)),
                              (self._sql(SET_META), ("embedding_dim", str(embedder.dim)))])
-            model = dict(self._fetch(self._sql(MODEL), ()))
+            model = self._model()
         name, dim = model.get("embedding_model"), model.get("embedding_dim")
         if name is None:
             return False
