@@ -17,6 +17,13 @@ embedding model, so each timing includes embedding the question; p50/p99 are pri
 reported on its own. Vector recall is checked against an exact search over the agent's vectors: the share
 of the exact top 5 that `recall(mode="vector", k=5)` returns (1.0 for an exact search; below it, what an
 approximate index such as PostgreSQL's HNSW misses).
+
+`--baseline REV` also measures another revision's recall on the same store and questions (checked out beside
+this one): per mode, `--rounds` times, the baseline and this checkout in turn (which goes first turns each
+round), each in a process whose flink_memory is its own; it prints both sides' p50 and p99 and the ratio of
+this checkout's p50 to the baseline's, round by round and their median (on a shared machine the latency of
+one run drifts by a fifth from one minute to the next: a ratio of runs side by side holds where two runs
+minutes apart do not).
 """
 
 from __future__ import annotations
@@ -24,8 +31,10 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import random
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -34,7 +43,10 @@ from typing import Any
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from revisions import worktree  # noqa: E402
 
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.embeddings import embedder_for  # noqa: E402
@@ -190,6 +202,59 @@ def measure(location: str, embedder: Any, questions: list[str], mode: str, diver
             "p99_ms": times[min(len(times) - 1, int(len(times) * 0.99))], "mean_ms": statistics.fmean(times)}
 
 
+# One mode's recall in a process of its own, whose flink_memory is the checkout on its PYTHONPATH (imported
+# first, so this script's own path entry does not take its place).
+RUN = """
+import json, sys
+import flink_memory
+sys.path.insert(0, sys.argv[1])
+import recall_latency
+from flink_memory.config import load_config
+from flink_memory.embeddings import embedder_for
+spec = json.loads(open(sys.argv[2]).read())
+embedder = embedder_for(load_config(None, [], environ={}).embeddings)
+row = recall_latency.measure(spec["location"], embedder, spec["questions"], spec["mode"], spec["diversity"])
+print(json.dumps({**row, "module": flink_memory.__file__}))
+"""
+
+
+def measure_in(checkout: Path, spec: Path) -> dict[str, Any]:
+    """`measure` run by `checkout`'s code (a process of its own)."""
+    env = {**os.environ, "PYTHONPATH": str(checkout)}
+    done = subprocess.run([sys.executable, "-c", RUN, str(Path(__file__).parent), str(spec)], env=env,
+                          cwd=checkout, capture_output=True, text=True, timeout=1800)
+    if done.returncode != 0:
+        raise SystemExit(f"the recall of {checkout} failed:\n{done.stderr[-3000:]}")
+    row = json.loads(done.stdout.strip().splitlines()[-1])
+    if not row.pop("module").startswith(str(checkout)):
+        raise SystemExit(f"{checkout}'s run did not import its own flink_memory")
+    return row
+
+
+def against(baseline: Path, location: str, asked: list[str], modes: list[tuple[str, float]], rounds: int,
+            workdir: Path) -> list[dict[str, Any]]:
+    """Each mode measured by the baseline and this checkout in turn, `rounds` times."""
+    results = []
+    for mode, diversity in modes:
+        spec = workdir / "spec.json"
+        spec.write_text(json.dumps({"location": location, "questions": asked, "mode": mode, "diversity": diversity}))
+        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "current": []}
+        for turn in range(rounds):
+            sides = [("baseline", baseline), ("current", ROOT)]
+            for side, checkout in sides if turn % 2 == 0 else sides[::-1]:
+                runs[side].append(measure_in(checkout, spec))
+        ratios = [c["p50_ms"] / b["p50_ms"] for b, c in zip(runs["baseline"], runs["current"], strict=True)]
+        row = {"mode": mode, "diversity": diversity, "runs": runs, "p50_ratios": [round(r, 3) for r in ratios],
+               "median_p50_ratio": round(statistics.median(ratios), 3)}
+        results.append(row)
+        latencies = {side: ", ".join("{p50_ms:.1f}/{p99_ms:.1f}".format(**r) for r in rows)
+                     for side, rows in runs.items()}
+        print(f"{mode:8s} diversity {diversity:g}: p50/p99 ms, baseline {latencies['baseline']}; current "
+              f"{latencies['current']}; current / baseline p50 {', '.join(f'{r:.3f}' for r in ratios)}, median "
+              f"{row['median_p50_ratio']:.3f}", flush=True)
+    return results
+
+
 def agreement(location: str, embedder: Any, questions: list[str], keys: list[str], matrix: np.ndarray) -> float:
     """The share of the exact top 5 (by cosine over the agent's vectors) that vector recall returns."""
     found = 0
@@ -217,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="the store was built by this script with the same arguments: measure only")
     parser.add_argument("--diversity", type=float, nargs="+", default=[1.0],
                         help="recall.diversity values to measure in turn (e.g. 0 1: relevance alone as the baseline)")
+    parser.add_argument("--baseline", help="also measure this revision's recall, in turns with this checkout's")
+    parser.add_argument("--rounds", type=int, default=3, help="--baseline: turns of each side per mode")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args(argv)
     embedder = embedder_for(load_config(None, [], environ={}).embeddings)
@@ -236,6 +303,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:8s} diversity {diversity:g}: p50 {row['p50_ms']:.1f} ms  p99 {row['p99_ms']:.1f} ms  "
               f"mean {row['mean_ms']:.1f} ms  "
               f"(first recall {row['first_ms']:.0f} ms, {row['queries']} questions)", flush=True)
+    if args.baseline:
+        with worktree(args.baseline) as baseline:
+            results["against"] = {"baseline": args.baseline, "modes": against(
+                baseline, location, asked, [(row["mode"], row["diversity"]) for row in results["recall"]],
+                args.rounds, workdir)}
     results["vector_top5_agreement"] = agreement(location, embedder, asked, keys, matrix)
     print(f"vector recall returns {results['vector_top5_agreement']:.3f} of the exact top 5", flush=True)
     if args.json:

