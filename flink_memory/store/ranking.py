@@ -1,7 +1,9 @@
 """Recall ranking in plain Python: a keyword score, vector similarity and their fusion, over candidate rows.
 
-The stores only find candidates (rows that share a term with the question, rows whose vectors are nearest);
-every score is computed here, so SQLite and PostgreSQL rank the same rows the same way.
+The stores only find candidates (rows that share a term with the question, rows whose vectors are nearest)
+and give each its cosine (pgvector's, in float32, or a reader's matrix, in float64: equal to about 1e-7);
+every score is computed here, so SQLite and PostgreSQL rank the same rows alike (rows whose cosines differ by
+less may change places).
 
 Keyword score: BM25 with Lucene's inverse document frequency `log(1 + (N - n + 0.5) / (n + 0.5))`, which
 stays positive for a word in most rows (FTS5's bm25 clamps it to about zero, so a two-word question

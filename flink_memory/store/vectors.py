@@ -135,7 +135,7 @@ def cosines(vectors: AgentVectors, question: np.ndarray, rows: list[int], also: 
 
 
 def exact_cosines(matrix: np.ndarray, question: np.ndarray) -> list[float]:
-    """Each row's cosine with the (unit) question as both stores report it: in float64, rounded to 10
+    """Each row's cosine with the (unit) question as a reader's matrix gives it: in float64, rounded to 10
     decimals, so that a row's cosine does not depend on where it sits in a matrix (float32 sums do, by the
     BLAS kernel's blocking) and rows tied in exact arithmetic stay tied (the ranking orders them by key)."""
     import numpy as np
