@@ -68,4 +68,4 @@ def test_term_counts_read_ascii_and_other_text_alike():
         text = "".join(rng.choices(alphabet, k=rng.randrange(40)))
         found = re.findall(r"[^\W_]+", text.lower())
         expected = [sum(1 for w in found if stem(w) == stem(t)) for t in terms]
-        assert TermCounts(terms).of(text) == (expected, len(found)), text
+        assert TermCounts(terms).of(text) == (tuple(expected), len(found)), text

@@ -54,7 +54,7 @@ def words(text: str) -> list[str]:
     return [stem(w) for w in _WORD.findall(text.lower())]
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)  # (slots: one object a candidate, not two, for the collector to trace)
 class Candidate:
     """One row a store found for a question: its key, text, steps above the units and cosine (None: no
     vector yet, or no vector search)."""
@@ -78,9 +78,9 @@ class TermCounts:
         self.stems = list(dict.fromkeys(stem(t) for t in terms))
         self._place = {term: i for i, term in enumerate(self.stems)}
         self._starts = tuple(term[:-1] for term in self.stems)  # what a word stemming to a term starts with
-        self._counted: dict[str, tuple[list[int], int]] = {}
+        self._counted: dict[str, tuple[tuple[int, ...], int]] = {}
 
-    def of(self, text: str) -> tuple[list[int], int]:
+    def of(self, text: str) -> tuple[tuple[int, ...], int]:
         counted = self._counted.get(text)
         if counted is None:
             lower = text.lower()
@@ -89,7 +89,7 @@ class TermCounts:
             for word in found:  # (only a word starting like a term is stemmed)
                 if word.startswith(self._starts) and (i := self._place.get(stem(word))) is not None:
                     tf[i] += 1
-            counted = self._counted[text] = (tf, len(found))
+            counted = self._counted[text] = (tuple(tf), len(found))  # (a tuple of ints: the collector drops it)
         return counted
 
 
