@@ -10,9 +10,10 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def meanwhile(call: Callable[[], T], *, name: str) -> Callable[[], T]:
-    """Start `call` in a daemon thread and return once it runs; calling the result waits for its value (or
-    raises what it raised, in the caller's thread). A caller calls the result before it returns, also on
+def meanwhile(call: Callable[[], T], *, name: str, started: bool = True) -> Callable[[], T]:
+    """Start `call` in a daemon thread and return once it runs (`started`; else at once: the thread runs when
+    the caller next waits, as a search off the caller's own path may); calling the result waits for its value
+    (or raises what it raised, in the caller's thread). A caller calls the result before it returns, also on
     errors, so that what `call` uses is never used by two calls at once."""
     done: list[T] = []
     failed: list[BaseException] = []
@@ -27,7 +28,8 @@ def meanwhile(call: Callable[[], T], *, name: str) -> Callable[[], T]:
 
     thread = threading.Thread(target=run, name=name, daemon=True)
     thread.start()
-    running.wait()
+    if started:
+        running.wait()
 
     def result() -> T:
         thread.join()

@@ -332,7 +332,7 @@ class PostgresStore(MemoryStore):
             return vector, self._reach(search_db, lambda conn: self.vectors.nearest(
                 conn, agent_id, vector, VECTOR_CANDIDATES, self._rows_of(conn, agent_id), bucket))
 
-        searched = meanwhile(search, name="recall-by-meaning")
+        searched = meanwhile(search, name="recall-by-meaning", started=False)  # (the keyword search goes first)
 
         def result(rows: Mapping[str, tuple[Any, ...]]) -> tuple[dict[str, float], dict[str, tuple[Any, ...]]]:
             vector, found = searched()

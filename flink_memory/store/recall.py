@@ -158,7 +158,7 @@ class StoreRecall(VectorRows):
             vector = question()
             return vector, nearest(vectors, vector, VECTOR_CANDIDATES)
 
-        found = meanwhile(search, name="recall-by-meaning")
+        found = meanwhile(search, name="recall-by-meaning", started=False)  # (the keyword search goes first)
 
         def result(rows: Mapping[str, tuple[Any, ...]]) -> tuple[dict[str, float], dict[str, tuple[Any, ...]]]:
             vector, near = found()
