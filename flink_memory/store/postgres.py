@@ -31,6 +31,7 @@ from flink_memory.store.schema import (
     HIT_WIDTH,
     INIT_META,
     META,
+    MODEL_KEYS,
     NODES,
     PENDING_INDEX,
     REPLACED,
@@ -51,13 +52,13 @@ COMMON_RANKED = 2  # matches of the common terms ranked per row still wanted
 COMMON_LEXEMES = (
     "SELECT m.e FROM pg_stats s, unnest(s.most_common_elems::text::text[], s.most_common_elem_freqs) m(e, f) "
     f"WHERE s.schemaname = current_schema() AND s.tablename = '{NODES}' AND s.attname = 'tsv' AND m.f >= %s")
-LEXEMES = "SELECT t, ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t))) FROM unnest(%s::text[]) t"
+TERM_LEXEMES = "ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t)))"  # a term t's lexemes
+LEXEMES = f"SELECT t, {TERM_LEXEMES} FROM unnest(%s::text[]) t"
 # what a recall reads as it starts, in one round trip: the model's record, the agent's generation and the
 # lexemes of the question's terms not yet known (flink_memory.store.recall.StoreRecall._recall_facts)
-FACTS = (f"SELECT 'model', key, value, NULL::text[] FROM {META} WHERE key IN ('embedding_model', 'embedding_dim') "
+FACTS = (f"SELECT 'model', key, value, NULL::text[] FROM {META} WHERE {MODEL_KEYS} "
          f"UNION ALL SELECT 'generation', NULL, generation::text, NULL::text[] FROM {GENERATIONS} WHERE agent_id = %s "
-         "UNION ALL SELECT 'term', t, NULL, ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t))) "
-         "FROM unnest(%s::text[]) t")
+         f"UNION ALL SELECT 'term', t, NULL, {TERM_LEXEMES} FROM unnest(%s::text[]) t")
 # The keyword candidates in one statement: the rare terms' matches (at most MATCH_CAP) ranked by ts_rank_cd over
 # every term, then, while fewer than `limit`, COMMON_RANKED matches of the common terms per row still wanted
 # (a LIMIT of 0 runs nothing). The bucket is a literal: the planner matches it to its partial index's predicate.

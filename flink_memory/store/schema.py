@@ -132,7 +132,8 @@ BUMP = (f"INSERT INTO {GENERATIONS} (agent_id, generation) VALUES (?, 1) ON CONF
 GENERATION = f"SELECT generation FROM {GENERATIONS} WHERE agent_id = ?"
 CREATE_GENERATIONS = f"CREATE TABLE IF NOT EXISTS {GENERATIONS} (agent_id TEXT PRIMARY KEY, generation BIGINT NOT NULL)"
 META_VALUE = f"SELECT value FROM {META} WHERE key = ?"
-MODEL = f"SELECT key, value FROM {META} WHERE key IN ('embedding_model', 'embedding_dim')"
+MODEL_KEYS = "key IN ('embedding_model', 'embedding_dim')"  # the meta rows that record the vectors' model
+MODEL = f"SELECT key, value FROM {META} WHERE {MODEL_KEYS}"
 SET_META = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT DO NOTHING"
 AGENTS = f"SELECT DISTINCT agent_id FROM {NODES} ORDER BY agent_id"
 HAS_AGENT = f"SELECT 1 FROM {NODES} WHERE agent_id = ? LIMIT 1"

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from flink_memory.store.connection import StoreConnection
 from flink_memory.store.rules import StoreError
-from flink_memory.store.schema import META, MODEL, NODES, SET_META, SET_VECTOR, UNEMBEDDED, text_digest
+from flink_memory.store.schema import META, MODEL, MODEL_KEYS, NODES, SET_META, SET_VECTOR, UNEMBEDDED, text_digest
 
 if TYPE_CHECKING:
     from flink_memory.embeddings import Embedder
@@ -63,7 +63,7 @@ class VectorRows(StoreConnection):
         record it again."""
         count = self.vector_counts()[1]
         self._write([], [(f"UPDATE {NODES} SET vector = NULL WHERE vector IS NOT NULL", ()),
-                         (f"DELETE FROM {META} WHERE key IN ('embedding_model', 'embedding_dim')", ())])
+                         (f"DELETE FROM {META} WHERE {MODEL_KEYS}", ())])
         self._model_recorded = False
         return count
 
