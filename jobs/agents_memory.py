@@ -6,7 +6,8 @@ Turns are JSON lines `{"agent_id", "id", "text", "ts"?}`. What the agent remembe
 store (store.url, default <output>/memory.sqlite), which the agent recalls from; what it did with each turn is
 in <output>/agent-outcomes/. Needs the flink-agents jars in the job's Python environment (`make agents-jars`).
 As for jobs/memory_summarization.py: set llm.base_url to a model every TaskManager reaches, and run
-`flink-memory apply --output DIR --follow` beside the job for the store.
+`flink-memory apply --output DIR --follow` beside the job for the store. The input is followed, so the job
+runs until cancelled: SIGINT or SIGTERM cancels it and the script exits 0 once it has ended.
 """
 
 import argparse
@@ -16,6 +17,7 @@ from pathlib import Path
 
 from flink_memory.agents.example import RememberingAgent
 from flink_memory.agents.pipeline import add_agent_memory
+from flink_memory.cli.run import wait_or_cancel
 from flink_memory.config import ConfigError, load_config
 from flink_memory.flink.pipeline import create_environment, file_sink, file_source
 
@@ -48,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     root = args.output if "://" in args.output else str(Path(args.output).resolve())
     streams.outcomes.sink_to(file_sink(f"{root.rstrip('/')}/agent-outcomes", "outcomes")).uid(
         "flink-memory-agent-outcomes-sink")
-    env.execute("flink-memory-agents")
+    client = env.execute_async("flink-memory-agents")
+    wait_or_cancel(client)
     return 0
 
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import time
@@ -21,13 +20,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flink_memory.llm.embedded import start_local_model
-
 from flink_memory.agents.example import RememberingAgent, decide
 from flink_memory.agents.pipeline import add_agent_memory
-from flink_memory.cli.run import Applier
+from flink_memory.cli.run import Applier, end_local_jvm
 from flink_memory.config import load_config
 from flink_memory.flink.pipeline import create_environment, file_sink, file_source
+from flink_memory.llm.llamacpp import start_local_model
 from flink_memory.store import open_store
 
 TURNS = [
@@ -103,6 +101,7 @@ def main() -> int:
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     parser.add_argument("--timeout", type=float, default=900.0, help="seconds to wait for the summaries")
     args = parser.parse_args()
+    started = time.monotonic()
     root = Path(args.output).resolve()
     shutil.rmtree(root, ignore_errors=True)
     inbox, output = root / "inbox", root / "output"
@@ -125,6 +124,7 @@ def main() -> int:
         if acted is None:
             print(f"the agent's decisions were not committed within {args.timeout:g} s", file=sys.stderr)
             return 1
+        print(f"[sample] {time.monotonic() - started:.0f} s: the agent's decisions committed", file=sys.stderr)
         decided = {(o["agent_id"], o["turn"]): o["decision"] for o in acted}
         for turn in TURNS:
             print(f"{turn['agent_id']} said {turn['text']!r}: {decided.get((turn['agent_id'], turn['id']), 'let go')}")
@@ -134,6 +134,7 @@ def main() -> int:
         if found is None:
             print(f"the summaries were not in the store within {args.timeout:g} s", file=sys.stderr)
             return 1
+        print(f"[sample] {time.monotonic() - started:.0f} s: its memory summarized into the store", file=sys.stderr)
         for agent, units in found.items():
             print(f"remembered by {agent} (memory units in the store, and the batch node of each):")
             for uid, text, batch in units:
@@ -142,19 +143,25 @@ def main() -> int:
         asked = {(q["agent_id"], q["id"]) for q in QUESTIONS}
         answers = wait(lambda: at_least([o for o in outcomes(output) if o["decision"] == "recall"
                                          and (o["agent_id"], o["turn"]) in asked], len(asked)), 300)
-        for answer in sorted(answers or [], key=lambda o: (o["agent_id"], o["turn"])):
+        if answers is None:
+            print("the agent's answers were not committed within 300 s", file=sys.stderr)
+            return 1
+        for answer in sorted(answers, key=lambda o: (o["agent_id"], o["turn"])):
             print(f"{answer['agent_id']} asked {answer['question']!r}; recalled:")
             for hit in answer["recalled"] or [{"kind": "-", "id": "-", "text": "(nothing of its own memory)"}]:
                 print(f"  {hit['kind']:6} {hit['id']:13} {hit['text'][:90]}")
     finally:
         client.cancel().result()
         applier.stop()
+        # the cancelled job's workers (in the JVM) hold connections to the model's port: end the JVM first,
+        # then the model's server, whose destructor waits for its connections
+        took = end_local_jvm()
+        if model is not None:
+            model.close()
+        print(f"[sample] {time.monotonic() - started:.0f} s: stopped the job, its JVM ({took:.1f} s) and the model",
+              file=sys.stderr)
     return 0
 
 
 if __name__ == "__main__":
-    code = main()
-    sys.stdout.flush()
-    # (the cancelled job's TaskManagers, in this process's JVM, keep connections to the bundled model open: its
-    # server would wait for them at exit; everything is committed by now)
-    os._exit(code)
+    sys.exit(main())

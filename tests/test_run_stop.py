@@ -9,7 +9,7 @@ import threading
 
 import pytest
 
-from flink_memory.cli.run import _wait_or_cancel
+from flink_memory.cli.run import wait_or_cancel
 
 
 class Result:
@@ -48,7 +48,7 @@ def test_a_signal_cancels_the_job_and_waits_for_it_to_end(signum):
     client = Client()
     before = signal.getsignal(signum)
     threading.Timer(0.3, os.kill, (os.getpid(), signum)).start()
-    assert _wait_or_cancel(client, poll_s=0.05) is True
+    assert wait_or_cancel(client, poll_s=0.05) is True
     assert client.cancelled == 1 and client.job.done()
     assert signal.getsignal(signum) is before  # the handlers are restored
 
@@ -56,8 +56,28 @@ def test_a_signal_cancels_the_job_and_waits_for_it_to_end(signum):
 def test_a_job_that_ends_is_waited_for_and_its_failure_raised():
     client = Client()
     threading.Timer(0.2, client.job.ended.set).start()
-    assert _wait_or_cancel(client, poll_s=0.05) is False
+    assert wait_or_cancel(client, poll_s=0.05) is False
     assert client.cancelled == 0
     client.job.error = RuntimeError("the job failed")
     with pytest.raises(RuntimeError, match="the job failed"):
-        _wait_or_cancel(client, poll_s=0.05)
+        wait_or_cancel(client, poll_s=0.05)
+
+
+def test_a_port_taken_before_flink_binds_it_is_tried_again_with_another():
+    from flink_memory.cli.run import start_on_free_port
+
+    tried = []
+
+    def start(port):
+        tried.append(port)
+        if len(tried) == 1:  # what Flink raised when another process took the port in between
+            raise RuntimeError("java.net.BindException: Could not start rest endpoint on any port in port range "
+                               f"{port}")
+        return "client"
+
+    assert start_on_free_port(start) == ("client", tried[1])
+    assert len(tried) == 2
+    with pytest.raises(ValueError, match="not a port problem"):
+        start_on_free_port(lambda port: (_ for _ in ()).throw(ValueError("not a port problem")))
+    with pytest.raises(RuntimeError, match="BindException"):
+        start_on_free_port(lambda port: (_ for _ in ()).throw(RuntimeError("BindException")), tries=2)

@@ -28,6 +28,23 @@ def _free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+PORT_TRIES = 5
+
+
+def start_on_free_port(start: Any, tries: int = PORT_TRIES) -> tuple[Any, int]:
+    """`start(port)` with a port that was free a moment ago; another process may take it before Flink binds it
+    (Flink's REST endpoint then fails with a BindException): try another, up to `tries` times."""
+    for attempt in range(tries):
+        port = _free_port()
+        try:
+            return start(port), port
+        except Exception as exc:
+            if attempt + 1 == tries or not ("BindException" in str(exc) or "rest endpoint" in str(exc)):
+                raise
+            print(f"[flink-memory] port {port} was taken before Flink bound it; trying another", file=sys.stderr)
+    raise AssertionError("unreachable")
+
+
 def _quiet_shutdown(hook: Any = threading.excepthook) -> None:
     """Hide PyFlink's process-mode shutdown noise: the Beam data-plane thread of the local Python worker
     reports its gRPC stream cancelled ("Multiplexer hanging up") when the job ends. Other errors still show."""
@@ -40,7 +57,7 @@ def _quiet_shutdown(hook: Any = threading.excepthook) -> None:
     threading.excepthook = excepthook
 
 
-def _wait_or_cancel(client: Any, poll_s: float = 0.2) -> bool:
+def wait_or_cancel(client: Any, poll_s: float = 0.2) -> bool:
     """Wait for the job to end; on SIGINT or SIGTERM cancel it and wait for the cancellation instead (a
     followed directory or a Kafka topic never ends: this is how such a run stops cleanly). True: cancelled.
     A second signal while cancelling has its default effect (the process ends at once)."""
@@ -97,6 +114,30 @@ class Applier:
         return self.error
 
 
+def end_local_jvm(grace_s: float = 10.0) -> float:
+    """End this process's PyFlink JVM (the gateway that runs local jobs: a child of this process) and return
+    how long that took. What lives in it ends with it: a cancelled job's Python workers keep their HTTP
+    connections to an in-process model server (xllamacpp), whose destructor would wait for them for ever.
+    SIGTERM first (Flink's shutdown hooks), SIGKILL after `grace_s`. Call it once the job's work is committed."""
+    import os
+
+    from pyflink.java_gateway import get_gateway
+
+    started = time.monotonic()
+    gateway = get_gateway()
+    pid = int(gateway.jvm.java.lang.ProcessHandle.current().pid())
+    gateway.shutdown()  # (no more calls: the Python objects of Java ones are not released one by one)
+    os.kill(pid, signal.SIGTERM)
+    deadline = started + grace_s
+    while time.monotonic() < deadline:
+        if os.waitpid(pid, os.WNOHANG)[0] == pid:
+            return time.monotonic() - started
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return time.monotonic() - started
+
+
 def run_job(args: argparse.Namespace) -> int:
     """`run`: the job on a local MiniCluster until its input ends (or for ever with --follow), then the report."""
     from flink_memory.flink.pipeline import build_job
@@ -111,11 +152,14 @@ def run_job(args: argparse.Namespace) -> int:
     if server is not None:
         print(f"[flink-memory] embedded model {server.model_path.name} on {server.base_url}", file=sys.stderr)
     Path(args.output).mkdir(parents=True, exist_ok=True)
-    port = _free_port()
-    env = build_job(config, args.input, args.output, follow=args.follow, restore=args.restore, rest_port=port)
     started = time.monotonic()
+
+    def start(port: int) -> Any:
+        env = build_job(config, args.input, args.output, follow=args.follow, restore=args.restore, rest_port=port)
+        return env.execute_async("flink-memory")
+
     try:
-        client = env.execute_async("flink-memory")
+        client, port = start_on_free_port(start)
     except Exception as exc:
         if args.restore and "Cannot map checkpoint/savepoint state" in str(exc):
             print("flink-memory: the checkpoint holds state this job cannot claim. A checkpoint restores only in "
@@ -132,7 +176,7 @@ def run_job(args: argparse.Namespace) -> int:
     applier = Applier(store, args.output, config) if store else None
     failed = None
     try:
-        stopped = _wait_or_cancel(client)
+        stopped = wait_or_cancel(client)
     finally:
         progress.stop()
         if applier is not None and (failed := applier.stop()) is not None:
