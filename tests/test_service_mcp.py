@@ -80,12 +80,12 @@ def test_the_tools_over_streamable_http_for_the_keys_agent(setup, tmp_path, caps
     async def session(url: str) -> None:
         async with keyed_client(url, alice) as client:
             check(await exercise(client, None), inbox)  # the key names one agent: the tools' default
-            for agent in ("bob", "ghost"):  # another agent: the same error as one that does not exist
+            for agent in ("bob", "ghost"):  # another agent, existing or not: not the key's, whichever it is
                 for name, arguments in [("recall", {"question": "key"}), ("show_memory", {}),
                                         ("remember", {"text": "x"}), ("forget_memory", {})]:
                     result = await client.call_tool(name, {**arguments, "agent_id": agent})
                     assert result.is_error
-                    assert result.content[0].text.endswith(f"no memory for agent '{agent}'")
+                    assert result.content[0].text.endswith(f"agent '{agent}' is not among this key's agents")
             bad = await client.call_tool("recall", {"question": "x" * 2001})
             assert bad.is_error
             dead = await client.call_tool("remember", {"text": "x", "ts": "yesterday"})
@@ -111,6 +111,6 @@ def test_the_tools_over_stdio(setup):
         async with Client(params) as client:
             check(await exercise(client, None), inbox)
             result = await client.call_tool("show_memory", {"agent_id": "bob"})
-            assert result.is_error and "no memory for agent 'bob'" in result.content[0].text
+            assert result.is_error and "agent 'bob' is not among this session's agents" in result.content[0].text
 
     asyncio.run(session())

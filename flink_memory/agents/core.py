@@ -35,10 +35,21 @@ def check_agent_id(agent_id: Any, where: str) -> str:
     return agent_id
 
 
+def filter_value(condition: Any) -> Any:
+    """The agent a filter condition names: `"alice"` or `{"$eq": "alice"}` (Flink Agents' filter DSL); any
+    other operator ($in, $ne, ...) could span agents and is refused."""
+    if isinstance(condition, dict):
+        if set(condition) != {"$eq"}:
+            raise AgentScopeError(f"filters: agent_id takes a value or {{'$eq': value}}, got {condition!r}")
+        return condition["$eq"]
+    return condition
+
+
 def scope(bound: str | None, *, filters: dict[str, Any] | None = None, given: str | None = None,
-          collection: str | None = None) -> str:
-    """The one agent a call is about: the store's bound agent, `filters={"agent_id": ...}` (the Flink Agents
-    filter DSL) or an explicit `agent_id`; all that are given must agree. No agent at all is an error: recall
+          collection: str | None = None, write: bool = False) -> str:
+    """The one agent a call is about: the store's bound agent, `filters={"agent_id": A}` or
+    `{"agent_id": {"$eq": A}}` (Flink Agents' filter DSL) or an explicit `agent_id`; all that are given must
+    agree (`write`: the call adds or deletes memory, and its error says so). No agent at all is an error: recall
     over every agent's memory is never what an agent asked for."""
     if collection is not None:
         raise AgentScopeError(f"collection {collection!r}: flink-memory has no collections; name the agent with "
@@ -50,9 +61,12 @@ def scope(bound: str | None, *, filters: dict[str, Any] | None = None, given: st
         other = sorted(set(filters) - {AGENT_FIELD})
         if other:
             raise AgentScopeError(f"filters {other}: flink-memory filters by agent_id only")
-        named["filters"] = check_agent_id(filters[AGENT_FIELD], "filters")
+        named["filters"] = check_agent_id(filter_value(filters[AGENT_FIELD]), "filters")
     if given is not None:
         named["agent_id="] = check_agent_id(given, "agent_id=")
+    if not named and write:
+        raise AgentScopeError("no agent named for the write: pass agent_id=AGENT (the event's key) or bind the "
+                              "vector store to one agent with agent_id=; every memory belongs to one agent")
     if not named:
         raise AgentScopeError("no agent named: pass filters={'agent_id': AGENT} (the event's key) or bind the "
                               "vector store to one agent with agent_id=; recall never spans agents")

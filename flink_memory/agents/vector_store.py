@@ -69,7 +69,7 @@ class FlinkMemoryVectorStore(BaseVectorStore):
             **kwargs: Any) -> list[str]:
         """Each document becomes a memory item of the agent (its id kept, else a new one): an input record
         the job summarizes; recall finds it once the job's batcher accepts it."""
-        agent = scope(self.agent_id, given=kwargs.get("agent_id"), collection=collection_name)
+        agent = scope(self.agent_id, given=kwargs.get("agent_id"), collection=collection_name, write=True)
         docs = documents if isinstance(documents, list) else [documents]
         return [self.memory.remember(agent, doc.content, id=doc.id, metadata=doc.metadata or None).id
                 for doc in docs]
@@ -95,7 +95,8 @@ class FlinkMemoryVectorStore(BaseVectorStore):
     def delete(self, ids: str | list[str] | None = None, collection_name: str | None = None,
                filters: dict[str, Any] | None = None, **kwargs: Any) -> None:
         """Retract records of the agent by id (deleting everything is `forget`, not a filter)."""
-        agent = scope(self.agent_id, filters=filters, given=kwargs.get("agent_id"), collection=collection_name)
+        agent = scope(self.agent_id, filters=filters, given=kwargs.get("agent_id"), collection=collection_name,
+                      write=True)
         wanted = [ids] if isinstance(ids, str) else ids
         if not wanted:
             raise ValueError("delete needs ids: flink-memory retracts records by id")

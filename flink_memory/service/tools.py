@@ -63,6 +63,9 @@ def build_mcp(service: MemoryService, stdio_grant: Grant | None = None) -> MCPSe
             if default is None:
                 raise ToolError("name the agent (agent_id): the caller may use more than one")
             agent_id = default
+        if not grant.allows(agent_id):  # (the caller knows its own agents: this tells it nothing about others)
+            whose = "this session's" if request is None else "this key's"
+            raise ToolError(f"agent {agent_id!r} is not among {whose} agents")
         return grant, agent_id
 
     @server.tool()

@@ -52,6 +52,9 @@ def test_the_vector_store_queries_one_agent_by_filter_and_says_what_each_hit_is(
     assert {d.id for d in docs} <= {"b1", "b2", "bob-b1"}
     assert docs[0].id == "b1" and docs[0].metadata["kind"] == "unit" and docs[0].score > 0
     assert vectors.query(VectorStoreQuery(query_text="dog", filters={"agent_id": "carol"})).documents == []
+    eq = vectors.query(VectorStoreQuery(query_text="Which breed is the dog?", limit=4,
+                                        filters={"agent_id": {"$eq": "bob"}})).documents
+    assert [d.id for d in eq] == [d.id for d in docs]  # the filter DSL's $eq is the same one agent
     assert [d.id for d in vectors.get(filters={"agent_id": "alice"})] == ["a1", "a2"]
     assert [d.content for d in vectors.get("b2", agent_id="bob")] == [FACTS["bob"]["b2"]]
     vectors.close()
@@ -137,6 +140,8 @@ def test_vector_store_writes_are_input_records_and_reads_need_one_agent(store, t
     ({"agent_id": "alice"}, {"query_text": "dog", "filters": {"agent_id": "bob"}}, "two agents named"),
     ({}, {"query_text": "dog", "filters": {"user_id": "alice"}}, r"filters \['user_id'\]"),
     ({}, {"query_text": "dog", "filters": {"agent_id": ""}}, "non-empty string"),
+    ({}, {"query_text": "dog", "filters": {"agent_id": {"$in": ["alice", "bob"]}}}, r"takes a value or \{'\$eq'"),
+    ({}, {"query_text": "dog", "filters": {"agent_id": {"$ne": "alice"}}}, r"takes a value or \{'\$eq'"),
     ({}, {"query_text": "dog", "filters": {"agent_id": 7}}, "non-empty string"),
     ({}, {"query_text": "dog", "collection_name": "alice"}, "no collections"),
     ({}, {"query_text": "dog", "limit": 0, "filters": {"agent_id": "alice"}}, "limit must be an integer"),
@@ -162,6 +167,8 @@ def test_bad_writes_are_refused_with_the_jobs_reason(store, tmp_path):
     with pytest.raises(NotImplementedError, match="question's text"):
         vectors._query_embedding([0.1, 0.2])
     assert list(inbox.iterdir()) == []  # nothing was written
+    with pytest.raises(AgentScopeError, match="no agent named for the write"):
+        FlinkMemoryVectorStore(store=store, input=str(inbox)).add(Document(content="A fact."))
     read_only = FlinkMemoryVectorStore(store=store, agent_id="alice")
     with pytest.raises(RuntimeError, match="read-only"):
         read_only.add(Document(content="A fact."))

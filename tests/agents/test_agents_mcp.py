@@ -88,7 +88,7 @@ def test_the_agent_recalls_and_remembers_through_mcp_and_the_key_stays_out_of_pl
     ])
     recalled, refused, remembered = (texts(o) for o in out)
     assert FACTS["alice"]["a1"] in recalled and "bob" not in recalled.lower()
-    assert "no memory for agent 'bob'" in refused and FACTS["bob"]["b1"] not in refused
+    assert "agent 'bob' is not among this key's agents" in refused and FACTS["bob"]["b1"] not in refused
     assert '"id": "trip-1"' in remembered or '"id":"trip-1"' in remembered
     [written] = [parse_line(f.read_text()) for f in inbox.iterdir()]
     assert isinstance(written, MemoryItem) and (written.agent_id, written.id) == ("alice", "trip-1")
