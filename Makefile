@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint bench clean agents-jars agents-sample
+.PHONY: venv run test lint bench clean agents-jars agents-sample
 
 # Flink Agents (the agents extra) lives in its own environment: flink-agents pins pydantic 2.11.4, so mcp 1.x,
 # and the service extra above needs mcp 2.x (docs/flink-agents.md). FLINK_AGENTS_SKIP_JAR_DOWNLOAD: its
@@ -17,6 +17,9 @@ AGENTS_JARS := $(AGENTS_VENV)/.jars
 AGENTS_SRC := third_party/flink-agents/flink-agents-0.3.1-java-src.tar.gz
 
 KAFKA_JARS := .jars/.fetched
+
+# the service's environment (.venv): the job, `flink-memory serve`, the tests; `run` and `test` make it too
+venv: $(STAMP)
 
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
