@@ -15,6 +15,7 @@ from flink_memory.agents.core import (
     check_question,
     memory_record,
 )
+from flink_memory.records import SummaryNode
 from flink_memory.service.memory import MemoryService, NotCreated, NotFound, Rejected, ServiceError, TooLarge
 from flink_memory.service.models import Accepted, Mode, RecallRequest
 from flink_memory.service.writer import open_writer
@@ -77,6 +78,24 @@ class AgentMemory:
     def delete(self, agent_id: str, record_id: str) -> Accepted:
         """Retract one record of the agent (its units leave the store and the summaries)."""
         return self._write(self.service.delete, agent_id, record_id)
+
+    def forget(self, agent_id: str) -> Accepted:
+        """Drop everything of the agent (a `forget` record: its units and summaries leave the store)."""
+        check_agent_id(agent_id, "forget")
+        try:
+            return self.service.forget(_OneAgent(agent_id), agent_id)
+        except ServiceError as exc:
+            raise MemoryUnavailable(str(exc)) from None
+
+    def summary(self, agent_id: str) -> SummaryNode | None:
+        """The agent's current global summary node (the root of its tree); None before its first one."""
+        check_agent_id(agent_id, "summary")
+        try:
+            return self.service.memory(_OneAgent(agent_id), agent_id).memory
+        except (NotFound, NotCreated):
+            return None
+        except ServiceError as exc:
+            raise MemoryUnavailable(str(exc)) from None
 
     def _write(self, call: Any, agent_id: str, argument: Any) -> Accepted:
         check_agent_id(agent_id, "remember")

@@ -121,3 +121,14 @@ def pickled_values(plan_json: str) -> list[bytes]:
         except Exception:  # noqa: BLE001 - (not a pickle)
             continue
     return found
+
+
+def python_path() -> str:
+    """The TaskManager's Python (thread mode) imports the tests' agent classes, and with them the test helpers:
+    site-packages, the checkout, tests/ and this directory."""
+    import os
+    import site
+
+    here = Path(__file__).resolve().parent
+    return os.pathsep.join([*(p for p in site.getsitepackages() if os.path.isdir(p)), str(here.parents[1]),
+                            str(here.parent), str(here)])

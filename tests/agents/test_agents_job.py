@@ -6,15 +6,13 @@ own action; the job restarts from its checkpoint. Every remembered fact is then 
 unit in exactly one live batch node, and the agent's later questions recall its own facts first."""
 
 import json
-import os
-import site
 from collections import Counter
 from contextlib import contextmanager
 from pathlib import Path
 
 import pyflink
 import pytest
-from agentkit import Service, pickled_values
+from agentkit import Service, pickled_values, python_path
 from flink_agents.api.agents.agent import Agent
 from flink_agents.api.decorators import action
 from flink_agents.api.events.event import Event, InputEvent, OutputEvent
@@ -192,14 +190,6 @@ def test_the_composed_job_remembers_exactly_once_after_a_failure_and_recalls_per
                         *((str(p), p.read_bytes()) for p in checkpoints), *(("Flink log", t) for t in new_logs)]:
         assert key.encode() not in data and secret.encode() not in data, f"the service key is in the {where}"
     assert any(str(key_file).encode() in p for p in pickled)  # (where the key is, not what)
-
-
-def python_path():
-    """The TaskManager's Python (thread mode) imports this module's agent class, and with it the test helpers:
-    site-packages, the checkout, tests/ and this directory."""
-    here = Path(__file__).resolve().parent
-    return os.pathsep.join([*(p for p in site.getsitepackages() if os.path.isdir(p)), str(here.parents[1]),
-                            str(here.parent), str(here)])
 
 
 @contextmanager
