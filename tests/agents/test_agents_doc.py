@@ -51,7 +51,8 @@ def workdir(tmp_path):
 
 
 def test_the_doc_has_the_blocks_this_test_runs():
-    assert set(python_blocks()) == {"my_agent.py", "show_plan.py", "mcp_agent.py", "compose_job.py"}
+    assert set(python_blocks()) == {"my_agent.py", "show_plan.py", "ltm_agent.py", "mcp_agent.py",
+                                   "compose_job.py"}
     # (the other blocks: the Maven command build-jars.sh runs, and `make agents-sample` with its output, which
     # test_agents_sample.py compares)
     assert len(blocks("sh")) == 3
@@ -74,6 +75,14 @@ def test_the_plan_json_block_shows_the_resources(workdir):
     plan = json.loads(run(tmp, "show_plan.py"))
     store = plan["resource_providers"]["vector_store"]["memory"]
     assert "out/memory.sqlite" in json.dumps(store) and "inbox/" in json.dumps(store)
+
+
+def test_the_long_term_memory_block_writes_the_sets_record(workdir):
+    tmp, _ = workdir
+    out = run(tmp, "ltm_agent.py")
+    [written] = [json.loads(p.read_text()) for p in (tmp / "inbox").iterdir()]
+    assert written["agent_id"] == "ana:chat_history" and written["text"] == "I moved to Porto."
+    assert "'summary': None" in out  # (the job has not summarized ana's set)
 
 
 def test_the_mcp_block_recalls_through_the_service(workdir):
