@@ -123,3 +123,14 @@ def test_the_composed_job_block_builds_its_job_graph(workdir):
     plan = json.loads(run(tmp, "compose_job.py", timeout=180))
     names = json.dumps(plan)
     assert "action-execute-operator" in names or "agent" in names.lower()
+
+
+@pytest.mark.parametrize("script", ["samples/agents_memory.py", "jobs/agents_memory.py"])
+def test_the_sample_and_the_job_script_import(script):
+    """What ruff cannot see (a module that moved): their imports, in seconds (test_agents_sample.py runs them)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(Path(script).stem, ROOT / script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert callable(module.main)
