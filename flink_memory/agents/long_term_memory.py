@@ -8,9 +8,10 @@ A memory set of a key is one flink-memory agent, `"{key}:{set}"`: its items are 
 hybrid recall (units and summary nodes), and its summary tree is the set's compaction (`FlinkMemorySet.summary`).
 
 How it is installed (0.3.1 builds only Mem0 itself, from `LongTermMemoryOptions.Mem0.*`): `use_flink_memory`
-adds to the agent an action that no event triggers, whose config holds `LongTermMemorySettings`. Flink Agents
-imports the module of a pydantic model in an action's config when it reads the plan, which on a TaskManager
-happens before it builds the runner context's long-term memory: importing this module wraps that builder
+adds to the agent an action of this module that no event triggers, whose config holds
+`LongTermMemorySettings`. Flink Agents imports each action's module when it reads the plan (it checks the
+action's signature), which on a TaskManager happens before it builds the runner context's long-term memory:
+importing this module wraps that builder
 (`flink_runner_context._init_long_term_memory`) so it builds ours when the plan has our settings, and gives the
 local runner's context (which has none in 0.3.1) a long-term memory.
 """
@@ -25,7 +26,7 @@ from flink_agents.api.memory.long_term_memory import BaseLongTermMemory, MemoryS
 from flink_agents.api.runner_context import RunnerContext
 from flink_agents.runtime import flink_runner_context, local_runner
 from flink_agents.runtime.memory.internal_base_long_term_memory import InternalBaseLongTermMemory
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, model_serializer
 
 from flink_memory.agents.core import AgentScopeError, check_limit, check_question, hit_document
 from flink_memory.agents.memory import AgentMemory, load_embedder
@@ -46,6 +47,12 @@ class LongTermMemorySettings(BaseModel):
     config: str | None = Field(default=None, description="flink-memory config file, for embeddings.*")
     settings: list[str] = Field(default_factory=list, description="config overrides (key=value)")
     mode: Mode = "hybrid"
+
+    @model_serializer(mode="plain")
+    def _fields(self) -> dict[str, Any]:
+        """Plain fields: the plan is written with serialize_as_any, under which pydantic 2.11 takes a model in
+        an action's config for a circular reference."""
+        return {name: getattr(self, name) for name in type(self).model_fields}
 
 
 def _installed(event: Event, ctx: RunnerContext) -> None:

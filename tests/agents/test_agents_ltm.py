@@ -5,13 +5,15 @@ flink-memory agent, `"{key}:{set}"`, so keys are isolated, and a set's summary i
 (test_agents_ltm_job.py runs the same agent in a MiniCluster job.)"""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 from agentkit import run_local
-from flink_agents.api.agents.agent import Agent
-from flink_agents.api.decorators import action
-from flink_agents.api.events.event import Event, InputEvent, OutputEvent
-from flink_agents.api.runner_context import RunnerContext
+from chat_agent import ChatAgent
+from flink_agents.plan.agent_plan import AgentPlan
+from flink_agents.plan.configuration import AgentConfiguration
 
 from flink_memory.agents import AgentScopeError
 from flink_memory.agents.long_term_memory import FlinkMemoryLongTermMemory, LongTermMemorySettings, use_flink_memory
@@ -21,24 +23,6 @@ from flink_memory.store import open_store
 
 NOTES = {"alice": {"n1": "Alice's dog is a beagle named Rex.", "n2": "Alice lives in Lyon."},
          "bob": {"n1": "Bob's dog is a poodle named Max.", "n2": "Bob lives in Oslo."}}
-
-
-class ChatAgent(Agent):
-    """Remembers what the user says in the set "notes"; for a question, searches it and reads its summary."""
-
-    @action(InputEvent.EVENT_TYPE)
-    @staticmethod
-    def on_turn(event: Event, ctx: RunnerContext) -> None:
-        turn = InputEvent.from_event(event).input
-        memory_set = ctx.long_term_memory.get_memory_set(name="notes")
-        if turn["text"].endswith("?"):
-            hits = memory_set.search(query=turn["text"], limit=3)
-            ctx.send_event(OutputEvent(output={
-                "agent_id": turn["agent_id"], "hits": [[h.id, h.value] for h in hits],
-                "items": sorted(i.value for i in memory_set.get()), "summary": memory_set.summary()}))
-        else:
-            ids = memory_set.add(items=turn["text"])
-            ctx.send_event(OutputEvent(output={"agent_id": turn["agent_id"], "added": ids}))
 
 
 def write_sets(path):
@@ -96,3 +80,34 @@ def test_the_sets_delete_and_forget_are_records_of_the_job(tmp_path):
     with pytest.raises(AgentScopeError, match="no ':'"):
         ltm.get_memory_set("a:b")
     ltm.close()
+
+
+READ_PLAN = """
+import sys
+from flink_agents.runtime import flink_runner_context
+assert "flink_memory.agents.long_term_memory" not in sys.modules
+from flink_agents.plan.agent_plan import AgentPlan
+plan = AgentPlan.model_validate_json(open(sys.argv[1]).read())  # as create_flink_runner_context does
+
+
+class Context:  # (what _init_long_term_memory reads of the FlinkRunnerContext)
+    _FlinkRunnerContext__agent_plan = plan
+
+
+ltm = flink_runner_context._init_long_term_memory(Context(), "job-1")
+ltm.switch_context("123")  # (Flink's hash of the key)
+print(type(ltm).__name__, ltm.memory_settings.store, ltm.agent_of("notes"))
+"""
+
+
+def test_the_plan_flink_ships_installs_ours_where_a_taskmanager_reads_it(tmp_path):
+    """A TaskManager's Python never ran use_flink_memory: reading the plan (written as the remote environment
+    writes it) imports our module, and Flink Agents' builder of the runner context's memory then builds ours."""
+    agent = use_flink_memory(ChatAgent(), store="out/memory.sqlite", input="inbox/")
+    plan = AgentPlan.from_agent(agent, AgentConfiguration()).model_dump_json(serialize_as_any=True)
+    (tmp_path / "plan.json").write_text(plan)
+    here = Path(__file__).resolve().parent
+    done = subprocess.run([sys.executable, "-c", READ_PLAN, str(tmp_path / "plan.json")], capture_output=True,
+                          text=True, env={"PYTHONPATH": f"{here}:{here.parent}", "PATH": "/usr/bin:/bin"})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["FlinkMemoryLongTermMemory", "out/memory.sqlite", "123:notes"]

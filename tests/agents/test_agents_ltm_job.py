@@ -1,4 +1,4 @@
-"""The long-term memory API's agent (test_agents_ltm.ChatAgent, unchanged but for `use_flink_memory`) in a
+"""The long-term memory API's agent (chat_agent.ChatAgent, unchanged but for `use_flink_memory`) in a
 MiniCluster job (slow, the flink-agents jars): the memory job follows the inbox the sets write to, in the same
 Flink job; each key's set is its own flink-memory agent (0.3.1's Flink runtime gives the memory the hash of
 the key), summarized by the job, and a later question reads back only its own key's items and the set's summary."""
@@ -7,12 +7,12 @@ import json
 
 import pytest
 from agentkit import python_path
+from chat_agent import ChatAgent
 from flink_agents.api.execution_environment import AgentsExecutionEnvironment
 from jobkit import config_for, wait_for, write_lines
 from pyflink.common import Duration, Types, WatermarkStrategy
 from pyflink.datastream.connectors.file_system import FileSource, StreamFormat
 from scripted_server import Reply, ScriptedServer, fact_keeping_summary
-from test_agents_ltm import ChatAgent
 
 from flink_memory.agents.long_term_memory import use_flink_memory
 from flink_memory.agents.pipeline import turn_agent, turn_value
