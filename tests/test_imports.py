@@ -21,7 +21,7 @@ FORBIDDEN = ("openai", "httpx", "pyflink")
 # Agents shell (flink-agents imports pyflink and httpx; it installs in its own environment: docs/flink-agents.md)
 EDGES = ("flink_memory.llm", "flink_memory.flink", "flink_memory.cli", "flink_memory.agents.vector_store",
          "flink_memory.agents.actions", "flink_memory.agents.example", "flink_memory.agents.mcp",
-         "flink_memory.agents.pipeline")
+         "flink_memory.agents.pipeline", "flink_memory.agents.long_term_memory")
 
 # Imports one module and prints, for each forbidden package it loaded, the flink_memory lines on the stack
 # when that package was first looked up (the import chain to move).
