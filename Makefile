@@ -74,6 +74,7 @@ bench: $(STAMP)
 	$(BIN)/python benchmarks/strategies.py --out out/bench-strategies
 	$(BIN)/python benchmarks/budgets.py --json out/bench-budgets.json
 	$(BIN)/python benchmarks/recall.py --sizes 100 1000
+	$(BIN)/python benchmarks/recall_heldout.py
 	$(BIN)/python benchmarks/service_load.py --seconds 60
 
 clean:

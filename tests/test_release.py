@@ -124,8 +124,13 @@ def test_wheel_carries_the_defaults_and_type_marker_and_no_tests(installed):
             assert f"flink_memory/embeddings/data/e5-static.{part}" in names
         dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
         entry_points = wheel.read(f"{dist_info}/entry_points.txt").decode()
+        metadata = wheel.read(f"{dist_info}/METADATA").decode()
+        notice = wheel.read(f"{dist_info}/licenses/NOTICE").decode()
         top_level = wheel.read(f"{dist_info}/top_level.txt").decode().split()
     assert "flink-memory = flink_memory.cli:main" in entry_points
+    # the static model's word list comes from wordfreq's CC BY-SA 4.0 lists: the metadata and NOTICE say so
+    assert "License-Expression: Apache-2.0 AND CC-BY-SA-4.0" in metadata
+    assert "CC BY-SA 4.0" in notice and "flink_memory/embeddings/data/" in notice and "MIT" in notice
     assert top_level == ["flink_memory"]
     assert not [n for n in names if n.startswith("tests/") or "/tests/" in n or Path(n).name.startswith("test_")]
     assert all(n.startswith(("flink_memory/", dist_info)) for n in names)

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from flink_memory.cli.args import positive
 from flink_memory.service.keys import KeysError, add_key, load_keys, revoke_key
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity, else the machine's): `serve --workers`' default."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except AttributeError:  # (no affinity on macOS or Windows)
+        return max(1, os.cpu_count() or 1)
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
@@ -25,9 +34,9 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--agent", help="with --stdio: the one agent the tools serve (default: any, named per call)")
     serve.add_argument("--threads", type=positive, metavar="N", help="reads served at once, each on its own store "
                        "connection (default: the CPU cores + 1); more requests wait their turn")
-    serve.add_argument("--workers", type=positive, default=1, metavar="N", help="HTTP: processes sharing the "
-                       "port, each with its own store connections and caches (a process serves on about one core: "
-                       "set it to the cores the server has)")
+    serve.add_argument("--workers", type=positive, default=machine_cores(), metavar="N", help="HTTP: processes "
+                       "sharing the port, each with its own store connections and caches (default: the cores this "
+                       "process may run on; a process serves on about one core)")
     serve.add_argument("--config", help="for the embeddings.* settings of recall by meaning")
     serve.add_argument("--set", dest="overrides", action="append", default=[])
     serve.set_defaults(handler=run_serve)
