@@ -201,3 +201,17 @@ def test_the_job_notices_when_no_applier_takes_its_commits():
     for seq in range(3, 1000):  # marks stay bounded: one per resolution, however many entries
         watch.wrote("a", "batcher", seq, now=2000.0 + seq / 1000)
     assert len(watch.marks[("a", "batcher")]) <= 2
+
+
+def test_the_progress_line_says_when_no_applier_takes_the_commits():
+    from flink_memory.cli.progress import ProgressLine
+    from flink_memory.store.lag import Lag, lag_note
+
+    lag = Lag(log="s3://b/out/memory", written=12, applied=9, oldest_unapplied_at=1000.0, polled_at=1100.0)
+    assert lag_note(lag, now=1100.0, warn_after_s=120) is None  # 100 s: commits come at checkpoints
+    note = lag_note(lag, now=1130.0, warn_after_s=120)
+    assert note == "store: 3 of 12 commits not applied, the oldest for 130 s (no applier takes them)"
+    caught_up = lag.model_copy(update={"applied": 12, "oldest_unapplied_at": None})
+    assert lag_note(caught_up, now=5000.0, warn_after_s=120) is None
+    line = ProgressLine(0, "job", note=lambda: note).line({"records_in": 3})
+    assert line.endswith(f" | {note}")

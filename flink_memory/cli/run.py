@@ -80,6 +80,7 @@ class Applier:
         self.store = open_store(store_url, create=True, embedder=embedder)
         self.applier = LogApplier(self.store, LogLocation(output), keep_applied_s=config.store.log_keep_applied_s,
                                   retention_s=config.store.log_retention_s)
+        self.warn_after_s = config.store.applier_warn_after_s
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="flink-memory-applier", daemon=True)
@@ -90,6 +91,12 @@ class Applier:
             self.applier.follow(self._stop)
         except BaseException as exc:  # noqa: BLE001 - reported by stop(), after the job
             self.error = exc
+
+    def note(self) -> str | None:
+        """The progress line's word on the store's lag (once a commit has waited store.applier_warn_after_s)."""
+        from flink_memory.store.lag import lag_note
+
+        return lag_note(self.applier.lag, time.time(), self.warn_after_s)
 
     def stop(self) -> BaseException | None:
         """Apply the last commits and stop; what failed (the committed output is whole either way)."""
@@ -128,10 +135,11 @@ def run_job(args: argparse.Namespace) -> int:
         raise
     job_id = str(client.get_job_id())
     print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
-    progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input),
-                            concurrency=config.llm.max_concurrency, every_s=args.progress_every).start()
     store = config.store.location(args.output)
     applier = Applier(store, args.output, config) if store else None
+    progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input),
+                            concurrency=config.llm.max_concurrency, every_s=args.progress_every,
+                            note=applier.note if applier is not None else None).start()
     failed = None
     try:
         stopped = _wait_or_cancel(client)

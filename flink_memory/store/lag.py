@@ -27,6 +27,20 @@ class Lag(BaseModel):
         return max(0.0, now - self.oldest_unapplied_at) if self.oldest_unapplied_at is not None else 0.0
 
 
+def lag_note(lag: Lag, now: float, warn_after_s: float) -> str | None:
+    """What a progress line says when the store is behind: None while no commit has waited `warn_after_s`."""
+    age = lag.oldest_unapplied_age_s(now)
+    if lag.unapplied <= 0 or age < warn_after_s:
+        return None
+    return (f"store: {lag.unapplied} of {lag.written} commits not applied, the oldest for {age:.0f} s (no "
+            "applier takes them)")
+
+
+def overdue_message(age_s: float) -> str:
+    return (f"no store applier has taken this job's committed memory log for {age_s:.0f} s: the store lags it "
+            "(run `flink-memory apply --output OUTPUT --follow` beside the job; store.applier_warn_after_s)")
+
+
 class CommitWatch:
     """The job's side: the log entries it wrote (by agent and writer, with when), against the positions the
     store has applied. An entry still unapplied `warn_after_s` after it was written means no applier takes
