@@ -22,6 +22,7 @@ from pyflink.datastream import DataStream, ProcessFunction, RuntimeContext
 
 from flink_memory.config import EmbeddingsConfig
 from flink_memory.embeddings import embedder_for
+from flink_memory.flink.metrics import Tally
 from flink_memory.stages.unit_rows import LogEntry
 from flink_memory.store import MemoryStore, open_store
 from flink_memory.store.backfill import VectorBackfill
@@ -51,6 +52,7 @@ class Watcher:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._warned = 0.0
+        self.overdue_s = 0.0  # the last look's answer: how long the oldest unapplied entry has waited (0: none)
         self._thread = threading.Thread(target=self._run, name="flink-memory-commit-watch", daemon=True)
         self._thread.start()
 
@@ -77,6 +79,7 @@ class Watcher:
                 except Exception as exc:  # noqa: BLE001 - a watch, not the job: it tries again
                     log.debug("the commit watch could not read %s: %s", self.url, exc)
                     continue
+                self.overdue_s = age or 0.0
                 if age is not None and time.monotonic() - self._warned >= WARN_EVERY_S:
                     self._warned = time.monotonic()
                     log.warning("flink-memory: %s", overdue_message(age))
@@ -98,6 +101,8 @@ class WriteProvisional(ProcessFunction):
         self.vectors: VectorBackfill | None = None
         self.writer: WriteBehind | None = None
         self.watcher: Watcher | None = None
+        self.tally: Tally | None = None
+        self.overdue_level = 0
 
     def open(self, runtime_context: RuntimeContext) -> None:
         embedder = embedder_for(self.embeddings) if self.embeddings is not None else None
@@ -106,14 +111,21 @@ class WriteProvisional(ProcessFunction):
         self.vectors = VectorBackfill(self.url, embedder) if embedder is not None and not inline else None
         self.writer = WriteBehind(self.store, self.vectors.name if self.vectors is not None else None)
         self.watcher = Watcher(self.url, self.warn_after_s) if self.warn_after_s is not None else None
+        self.tally = Tally(runtime_context.get_metrics_group().add_group("flink_memory"))
+        self.overdue_level = 0  # what the applier_overdue_s counter says now (a level: moved by differences)
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
         assert self.writer is not None
         entry = LogEntry.model_validate_json(value)
         if entry.units is not None:  # (a node waits for its commit)
             self.writer.submit(entry.units)
-        if self.watcher is not None:
+        if self.watcher is not None and self.tally is not None:
             self.watcher.wrote(entry)
+            level = int(self.watcher.overdue_s)
+            if level != self.overdue_level:
+                self.tally.add("applier_overdue_s", level - self.overdue_level)
+                self.tally.flush()
+                self.overdue_level = level
 
     def close(self) -> None:
         if self.watcher is not None:
