@@ -215,3 +215,15 @@ def test_the_progress_line_says_when_no_applier_takes_the_commits():
     assert lag_note(caught_up, now=5000.0, warn_after_s=120) is None
     line = ProgressLine(0, "job", note=lambda: note).line({"records_in": 3})
     assert line.endswith(f" | {note}")
+
+
+def test_a_file_another_applier_retired_since_the_listing_is_skipped(tmp_path):
+    run, files = a_log(tmp_path)
+    with open_store(str(tmp_path / "memory.sqlite"), create=True) as store:
+        first, second = LogApplier(store, files.folder, keep_applied_s=0), LogApplier(store, files.folder)
+        listed = second.committed_files()
+        assert first.poll() == len(run.log) and not any(files.folder.iterdir())
+        for file in listed:  # (what the second one listed is gone: it reads nothing, applies nothing twice)
+            second._read(file.name)
+        assert not second.unfinished and second.poll() == 0
+        assert stored(store) == live_view(run.summaries)

@@ -133,8 +133,10 @@ class LogApplier:
     def _read(self, name: str) -> None:
         try:
             text = self.location.read_text(name)
-        except FileNotFoundError:  # another applier applied and retired it since the listing
-            return
+        except OSError:
+            if not self.location.exists(name):  # another applier applied and retired it since the listing
+                return
+            raise
         last: dict[tuple[str, str], int] = {}
         for line in text.splitlines():
             if line.strip():

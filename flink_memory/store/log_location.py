@@ -113,6 +113,9 @@ class LogLocation:
                  if i.type == pafs.FileType.File and not _name(i.path).startswith(".")]
         return sorted(found, key=lambda f: (f.mtime_ns, f.name))
 
+    def exists(self, name: str) -> bool:
+        return bool(self.fs.get_file_info(f"{self.path}/{name}").type != pafs.FileType.NotFound)
+
     def read_text(self, name: str) -> str:
         with self.fs.open_input_stream(f"{self.path}/{name}") as stream:
             return stream.read().decode("utf-8")
@@ -126,8 +129,9 @@ class LogLocation:
         for name in names:
             try:
                 self.fs.move(f"{self.path}/{name}", f"{self.retired_path}/{name}")
-            except FileNotFoundError:
-                pass
+            except OSError:
+                if self.exists(name):
+                    raise
 
     def expire(self, older_than_ns: int) -> int:
         """Delete retired files committed before `older_than_ns` (epoch ns); returns how many."""
