@@ -55,7 +55,7 @@ def resolve(output: str) -> tuple[pafs.FileSystem, str]:
                                 f"fsspec: {fsspec_exc}); use a path, file://, s3://, gs:// or hdfs://") from None
         return PyFileSystem(FSSpecHandler(fs)), path.rstrip("/")
     except OSError as exc:
-        raise LocationError(f"cannot read {output}: {exc}") from None
+        raise LocationError(f"cannot read {output}: {_first_line(exc)}") from None
     return filesystem, path.rstrip("/")
 
 
@@ -101,14 +101,14 @@ class LogLocation:
                                     "credentials may not see it)")
             return False
         except OSError as exc:  # (refused credentials, an unreachable endpoint, a folder we may not read)
-            raise LocationError(f"cannot read {self.uri}: {exc}") from None
+            raise LocationError(f"cannot read {self.uri}: {_first_line(exc)}") from None
 
     def committed(self) -> list[LogFile]:
         """The committed files in the log's folder, oldest commit first: one listing, no read."""
         try:
             infos = self.fs.get_file_info(pafs.FileSelector(self.path, allow_not_found=True))
         except OSError as exc:
-            raise LocationError(f"cannot list {self.uri}: {exc}") from None
+            raise LocationError(f"cannot list {self.uri}: {_first_line(exc)}") from None
         found = [LogFile(_name(i.path), i.mtime_ns or 0, i.size or 0) for i in infos
                  if i.type == pafs.FileType.File and not _name(i.path).startswith(".")]
         return sorted(found, key=lambda f: (f.mtime_ns, f.name))
@@ -148,6 +148,12 @@ class LogLocation:
                 except FileNotFoundError:
                     pass
         return gone
+
+
+def _first_line(exc: BaseException) -> str:
+    """An error's first line (libhdfs, for one, lists every place it looked for a JVM)."""
+    lines = str(exc).strip().splitlines() or [type(exc).__name__]
+    return lines[0] + (" (...)" if len(lines) > 1 else "")
 
 
 def _name(path: str) -> str:
