@@ -17,6 +17,7 @@ AGENTS_JARS := $(AGENTS_VENV)/.jars
 AGENTS_SRC := third_party/flink-agents/flink-agents-0.3.1-java-src.tar.gz
 
 KAFKA_JARS := .jars/.fetched
+S3_PLUGIN := .jars/plugins/.fetched
 
 # the service's environment (.venv): the job, `flink-memory serve`, the tests; `run` and `test` make it too
 venv: $(STAMP)
@@ -53,6 +54,12 @@ $(KAFKA_JARS): tests/kafka/pom.xml
 	mvn -B -q -f tests/kafka/pom.xml package
 	@touch $(KAFKA_JARS)
 
+# Flink's S3 filesystem plugin (flink-s3-fs-hadoop) into .jars/plugins/s3-fs-hadoop/, from Maven Central: the
+# cluster tests write the job's output to s3:// (a local S3 endpoint, moto's server; tests/s3_endpoint.py)
+$(S3_PLUGIN): tests/s3/pom.xml
+	mvn -B -q -f tests/s3/pom.xml package
+	@touch $(S3_PLUGIN)
+
 # The sample run uses the bundled SmolLM2 on the CPU; short summaries keep it to a few minutes on 2 cores.
 # Batches of 10 merged 4 at a time give each agent of the sample a tree (batches, a merge, the global); the
 # report ends with one recall, a question in other words than the memory's ("Chen Wei lives in Toronto").
@@ -64,7 +71,7 @@ run: $(STAMP)
 
 # the Flink Agents tests (tests/agents) run in the agents environment; their MCP door test starts the service
 # from .venv
-test: $(STAMP) $(KAFKA_JARS) $(AGENTS_JARS)
+test: $(STAMP) $(KAFKA_JARS) $(S3_PLUGIN) $(AGENTS_JARS)
 	$(BIN)/ruff check flink_memory jobs tests samples benchmarks
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
 	FLINK_MEMORY_SERVICE_PYTHON=$(BIN)/python $(AGENTS_BIN)/python -m pytest -q -p no:cacheprovider tests/agents $(PYTEST_ARGS)

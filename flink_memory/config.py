@@ -134,6 +134,13 @@ class StoreConfig(_Section):
     enabled: bool = True
     # SQLite path or postgresql:// URL; None: <output>/memory.sqlite
     url: str | None = None
+    # Applied files of the memory log leave <output>/memory/ for <output>/memory-applied/ this long after
+    # their commit, so each poll of the applier lists only the recent log; None: never
+    log_keep_applied_s: float | None = Field(3600.0, ge=0)
+    # Files in memory-applied/ older than this are deleted; None: kept
+    log_retention_s: float | None = Field(30 * 86400.0, ge=0)
+    # The job logs (and `flink-memory run` shows) that no applier takes its commits once one is unapplied this long
+    applier_warn_after_s: float = Field(120.0, gt=0)
 
     def location(self, output_dir: str) -> str | None:
         """Where the job writes the live memory (None: off). A relative SQLite path is made absolute here,

@@ -10,7 +10,10 @@ from typing import Any
 
 
 def read_outputs(output_dir: str) -> dict[str, list[dict[str, Any]]]:
-    """Committed output records (in-progress part files are hidden and skipped)."""
+    """Committed output records (in-progress part files are hidden and skipped). `output_dir`: a path, or a
+    URL the store applier reads too (file://, s3://: flink_memory.store.log_location)."""
+    if "://" in output_dir:
+        return _read_remote(output_dir)
     found: dict[str, list[dict[str, Any]]] = {}
     for name in ("summaries", "manifests", "dead-letters"):
         rows: list[dict[str, Any]] = []
@@ -19,6 +22,19 @@ def read_outputs(output_dir: str) -> dict[str, list[dict[str, Any]]]:
             if path.name.startswith(".") or not path.is_file():
                 continue
             rows.extend(json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip())
+        found[name] = rows
+    return found
+
+
+def _read_remote(output: str) -> dict[str, list[dict[str, Any]]]:
+    from flink_memory.store.log_location import LogLocation
+
+    found: dict[str, list[dict[str, Any]]] = {}
+    for name in ("summaries", "manifests", "dead-letters"):
+        folder = LogLocation(output, name)
+        rows: list[dict[str, Any]] = []
+        for file in sorted(folder.committed(), key=lambda f: f.name):
+            rows.extend(json.loads(line) for line in folder.read_text(file.name).splitlines() if line.strip())
         found[name] = rows
     return found
 

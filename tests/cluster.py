@@ -43,9 +43,16 @@ def _set(tree: dict[str, Any], dotted: str, value: Any) -> None:
 
 
 class StandaloneCluster:
-    def __init__(self, workdir: Path, taskmanagers: int = 2) -> None:
+    """`plugins`: folders to put in the cluster's plugins/ directory (e.g. Flink's S3 filesystem); `settings`:
+    more config.yaml keys (e.g. s3.endpoint); `env`: more environment for its processes and `flink run`."""
+
+    def __init__(self, workdir: Path, taskmanagers: int = 2, *, plugins: tuple[Path, ...] = (),
+                 settings: dict[str, Any] | None = None, env: dict[str, str] | None = None) -> None:
         self.workdir = workdir
         self.taskmanagers = taskmanagers
+        self.plugins = plugins
+        self.settings = settings or {}
+        self.plugin_dir = workdir / "plugins"
         self.conf_dir = workdir / "conf"
         self.log_dir = workdir / "log"
         self.pid_dir = workdir / "pid"
@@ -56,12 +63,18 @@ class StandaloneCluster:
         self.env = dict(PRISTINE_ENV, FLINK_HOME=str(FLINK_HOME), FLINK_CONF_DIR=str(self.conf_dir),
                         FLINK_LOG_DIR=str(self.log_dir), FLINK_PID_DIR=str(self.pid_dir))
         self.env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{self.env.get('PATH', '')}"
+        self.env.update(env or {})
+        if plugins:
+            self.env["FLINK_PLUGINS_DIR"] = str(self.plugin_dir)
 
     # --- lifecycle -------------------------------------------------------------------------------------
 
     def start(self) -> StandaloneCluster:
         for folder in (self.conf_dir, self.log_dir, self.pid_dir, self.tmp_dir):
             folder.mkdir(parents=True, exist_ok=True)
+        for plugin in self.plugins:
+            self.plugin_dir.mkdir(exist_ok=True)
+            (self.plugin_dir / plugin.name).symlink_to(plugin.resolve(), target_is_directory=True)
         for item in (FLINK_HOME / "conf").iterdir():
             if item.is_file():
                 shutil.copy(item, self.conf_dir / item.name)
@@ -91,6 +104,7 @@ class StandaloneCluster:
             **{f"env.java.opts.{process}": f"-XX:ErrorFile={self.log_dir}/hs_err_pid%p.log"
                for process in ("jobmanager", "taskmanager", "client")},
             "parallelism.default": self.taskmanagers,
+            **self.settings,
         }
         for key, value in settings.items():
             _set(conf, key, value)

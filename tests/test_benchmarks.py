@@ -131,3 +131,21 @@ def test_heldout_recall_benchmark_smallest_size(tmp_path):
     assert [r["facts"] for r in keyword["rows"] if r["set"] != "english"] == [21, 21, 21, 21]
     literal = [r["recall_at_k"] for r in keyword["rows"] if r["wording"] == "literal"]
     assert min(literal) >= 0.9  # (a literal question shares words with its fact)
+
+
+def test_applier_benchmark_smallest_sizes(tmp_path):
+    """Every approach is measured at every size, retiring lists only the recent commits, and every commit's
+    unit was found."""
+    import applier
+
+    out = tmp_path / "applier.json"
+    assert applier.main(["--sizes", "30", "60", "--recent", "10", "--polls", "2", "--commits", "3", "--samples", "3",
+                         "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert [r["checkpoints"] for r in results] == [30, 60]
+    for r in results:
+        # (the recent ten, and the commits measured before retiring: 3 applied one per poll, 3 found)
+        assert r["listed_per_poll"] == {"todays_listing": r["checkpoints"], "retiring": 10 + 3 + 3}
+        assert all(v > 0 for v in r["poll_cpu_ms"].values()) and all(v > 0 for v in r["commits_per_s"].values())
+        for found in r["commit_to_found_s"].values():
+            assert 0 < found["p50"] <= found["p99"]

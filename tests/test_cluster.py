@@ -43,10 +43,36 @@ def units_from(records, manifests):
     return units
 
 
-def test_submit_to_a_standalone_cluster_with_the_served_model(tmp_path):
+def start_applier(tmp_path, output, url, s3):
+    """`flink-memory apply --output s3://... --store URL --follow` beside the job, with the endpoint's settings."""
+    return subprocess.Popen([sys.executable, "-m", "flink_memory.cli", "apply", "--output", output, "--store", url,
+                             "--follow"], stdout=subprocess.DEVNULL, stderr=(tmp_path / "apply.log").open("w"),
+                            env={**PRISTINE_ENV, **s3.env})
+
+
+def stored_nodes(url):
+    from flink_memory.store import open_store
+
+    with open_store(url) as store:
+        return {(a, n.node_id): n for a in store.agents() for n in store.nodes(a)}
+
+
+def test_submit_to_a_standalone_cluster_with_the_served_model(tmp_path, postgres_url, monkeypatch):
+    """`flink run` on a cluster whose job writes its output to S3 (Flink's S3 plugin, moto's S3 server), the
+    applier following it from s3:// into PostgreSQL: at the end the store equals the committed live view."""
+    from pgserver import new_database
+    from s3_endpoint import PLUGIN, LocalS3
+
+    from flink_memory.store import live_view, open_store
+
     records = items(agents=2, per_agent=4, words=2)
     input_path = write_lines(tmp_path / "input" / "part-0.jsonl", records + ["{broken"])
-    output = tmp_path / "output"
+    url = new_database(postgres_url)
+    s3 = LocalS3(tmp_path).start()
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)  # (this process reads the output too)
+    output = s3.url("served/output")
+    applier = start_applier(tmp_path, output, url, s3)
     port = free_port()
     llm_log = (tmp_path / "serve-llm.log").open("w")
     llm = subprocess.Popen([sys.executable, "-m", "flink_memory.cli", "serve-llm", "--port", str(port),
@@ -54,20 +80,32 @@ def test_submit_to_a_standalone_cluster_with_the_served_model(tmp_path):
                            stdout=llm_log, stderr=subprocess.STDOUT, env=PRISTINE_ENV)
     try:
         wait_for(lambda: _answers(f"http://127.0.0.1:{port}/v1/models"), timeout_s=120)
-        with StandaloneCluster(tmp_path / "cluster") as cluster:
-            job_id = cluster.submit(JOB, "--input", str(input_path), "--output", str(output), "--parallelism", "2",
+        with StandaloneCluster(tmp_path / "cluster", plugins=(PLUGIN,), settings=s3.flink_settings) as cluster:
+            job_id = cluster.submit(JOB, "--input", str(input_path), "--output", output, "--parallelism", "2",
                                     "--set", "llm.provider=openai", "--set", f"llm.base_url=http://127.0.0.1:{port}/v1",
                                     "--set", "llm.context_window=2048", "--set", "llm.max_output_tokens=64",
                                     "--set", "batching.max_items=2", "--set", "summarization.fan_in=2",
+                                    "--set", f"store.url={url}",
                                     "--set", f"journal.path={tmp_path / 'journal.sqlite'}")
             assert cluster.wait_for_job(job_id) == "FINISHED", cluster.logs()
             vertices = cluster.rest(f"/jobs/{job_id}")["vertices"]
             assert {v["parallelism"] for v in vertices if "merger" in v["name"]} == {2}
+        out = read_outputs(output)
+        live = live_view(out["summaries"])
+        wait_for(lambda: stored_nodes(url) == live, timeout_s=60)
     finally:
         llm.terminate()
         llm.wait(timeout=30)
         llm_log.close()
-    out = read_outputs(str(output))
+        applier.terminate()
+        applier.wait(30)
+        s3.stop()
+    assert "Traceback" not in (tmp_path / "apply.log").read_text()
+    assert live and stored_nodes(url) == live
+    with open_store(url) as store:  # every unit, committed, each covered by a live batch node
+        for agent in ("agent-0", "agent-1"):
+            covering = {n.node_id for n in store.nodes(agent) if n.kind == "batch"}
+            assert {u.unit_id: c in covering for u, c in store.units(agent)} == {f"m{i}": True for i in range(4)}
     nodes = [SummaryNode.model_validate(n).model_dump(mode="json") for n in out["summaries"]]
     assert batch_units(nodes) == units_from(records, [])
     check_tree(nodes, units_per_agent(units_from(records, [])))
@@ -135,16 +173,22 @@ def test_taskmanager_killed_mid_job_recovers_with_no_repeated_calls(tmp_path):
 
 
 
-def test_taskmanager_killed_the_postgresql_store_equals_the_committed_live_view(tmp_path, postgres_url):
-    """Memory that changes (an update, a deletion, a forgotten agent) on a standalone cluster with PostgreSQL as
-    the store and `flink-memory apply --follow` beside it; a TaskManager killed with SIGKILL mid-run. After
-    the restart the store equals the committed changelog's live view, with every provisional row of the killed
-    attempt confirmed or gone."""
+def test_taskmanager_killed_the_postgresql_store_equals_the_committed_live_view(tmp_path, postgres_url,
+                                                                                monkeypatch):
+    """Memory that changes (an update, a deletion, a forgotten agent) on a standalone cluster that writes the
+    job's output to S3 (Flink's own S3 plugin, against moto's S3 server) with PostgreSQL as the store and
+    `flink-memory apply --output s3://... --follow` beside it; a TaskManager killed with SIGKILL mid-run.
+    After the restart the store equals the committed changelog's live view, with every provisional row of the
+    killed attempt confirmed or gone."""
     from pgserver import new_database
+    from s3_endpoint import PLUGIN, LocalS3
 
     from flink_memory.store import live_view, open_store
 
     url = new_database(postgres_url)
+    s3 = LocalS3(tmp_path).start()
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)  # (this process reads the output too)
     records = items(agents=4, per_agent=15)
     records.insert(20, {"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 4711 EUR for the boat."})
     records += [{"agent_id": "agent-1", "id": "fact", "text": "Zorbatin paid 5822 EUR for the boat, corrected."},
@@ -152,13 +196,12 @@ def test_taskmanager_killed_the_postgresql_store_equals_the_committed_live_view(
                 {"agent_id": "agent-2", "forget": True},
                 {"agent_id": "agent-2", "id": "after", "text": "After the forget, agent two likes green tea."}]
     input_path = write_lines(tmp_path / "input" / "part-0.jsonl", records)
-    output = tmp_path / "output"
-    applier = subprocess.Popen([sys.executable, "-m", "flink_memory.cli", "apply", "--output", str(output),
-                                "--store", url, "--follow"], stdout=subprocess.DEVNULL,
-                               stderr=(tmp_path / "apply.log").open("w"), env=PRISTINE_ENV)
+    output = s3.url("job/output")
+    applier = start_applier(tmp_path, output, url, s3)
     try:
-        with ScriptedServer(slow_script) as server, StandaloneCluster(tmp_path / "cluster") as cluster:
-            job_id = cluster.submit(JOB, "--input", str(input_path), "--output", str(output), "--parallelism", "2",
+        with ScriptedServer(slow_script) as server, \
+                StandaloneCluster(tmp_path / "cluster", plugins=(PLUGIN,), settings=s3.flink_settings) as cluster:
+            job_id = cluster.submit(JOB, "--input", str(input_path), "--output", output, "--parallelism", "2",
                                     "--set", "llm.provider=openai", "--set", f"llm.base_url={server.base_url}",
                                     "--set", "llm.max_retries=2", "--set", "llm.retry_backoff_s=0.2",
                                     "--set", "batching.max_items=4", "--set", "summarization.fan_in=2",
@@ -172,16 +215,13 @@ def test_taskmanager_killed_the_postgresql_store_equals_the_committed_live_view(
             cluster.start_taskmanager()
             assert cluster.wait_for_job(job_id) == "FINISHED", cluster.logs()
             assert cluster.restarts(job_id) >= 1, "the kill did not make the job restart"
-        live = live_view(read_outputs(str(output))["summaries"])
-
-        def applied():
-            with open_store(url) as store:
-                return {(a, n.node_id): n for a in store.agents() for n in store.nodes(a)} == live
-
-        wait_for(applied, timeout_s=60)
+        live = live_view(read_outputs(output)["summaries"])
+        wait_for(lambda: stored_nodes(url) == live, timeout_s=60)
     finally:
         applier.terminate()
         applier.wait(30)
+        s3.stop()
+    assert "Traceback" not in (tmp_path / "apply.log").read_text()
     with open_store(url) as store:
         assert {(a, n.node_id): n for a in store.agents() for n in store.nodes(a)} == live
         expected = {a: {f"m{i}" for i in range(15)} for a in ("agent-0", "agent-1", "agent-3")}

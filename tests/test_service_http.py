@@ -47,7 +47,7 @@ def records(inbox: Path) -> list[dict]:
 
 
 def test_health_and_the_openapi_document(base):
-    assert call(f"{base}/v1/health") == (200, {"status": "ok", "store": "ok", "writes": "directory"})
+    assert call(f"{base}/v1/health") == (200, {"status": "ok", "store": "ok", "writes": "directory", "applier": None})
     status, doc = call(f"{base}/openapi.json")
     assert status == 200 and doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/v1/health", "/v1/agents/{agent_id}/memory", "/v1/agents/{agent_id}/recall",

@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     embed.set_defaults(handler=embed_rows)
     apply = commands.add_parser("apply", help="write the store from the memory log a job committed (what a run "
                                 "does on a thread; on a cluster, run it beside the job with --follow)")
-    apply.add_argument("--output", required=True, help="the job's output directory (its memory/ folder)")
+    apply.add_argument("--output", required=True,
+                       help="the job's output: a path, file://... or s3://... (its memory/ folder)")
     apply.add_argument("--store", help="SQLite file or postgresql:// URL (default: store.url, else "
                        "<output>/memory.sqlite)")
     apply.add_argument("--follow", action="store_true", help="keep applying new commits until stopped")

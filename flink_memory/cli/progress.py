@@ -7,6 +7,7 @@ import sys
 import threading
 import time
 import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -58,8 +59,10 @@ class ProgressLine:
              "pending_keys", "llm_calls", "llm_call_ms", *(f"llm_calls_{k}" for k in KINDS))
 
     def __init__(self, port: int, job_id: str, stream: Any = sys.stderr, total: int | None = None,
-                 concurrency: int = 1, every_s: float | None = None) -> None:
+                 concurrency: int = 1, every_s: float | None = None,
+                 note: Callable[[], str | None] | None = None) -> None:
         self.base = f"http://127.0.0.1:{port}"
+        self.note = note  # more to say at the end of the line (the store's lag when no applier takes commits)
         self.job_id = job_id
         self.stream = stream
         self.total = total
@@ -110,7 +113,9 @@ class ProgressLine:
                 f" | globals {int(s.get('globals', 0))} | calls {calls}"
                 f" | in flight {int(s.get('llm_in_flight', 0))}")
         left = time_left_s(s, self.concurrency) if self.total and read >= self.total else None
-        return line + (f" | ~{left:.0f} s left for the calls in flight" if left is not None else "")
+        note = self.note() if self.note is not None else None
+        return (line + (f" | ~{left:.0f} s left for the calls in flight" if left is not None else "")
+                + (f" | {note}" if note else ""))
 
     def _run(self) -> None:
         while not self._stop.wait(self.every_s):

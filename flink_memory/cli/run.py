@@ -90,11 +90,14 @@ class Applier:
     def __init__(self, store_url: str, output: str, config: Any) -> None:
         from flink_memory.embeddings import embedder_for
         from flink_memory.store import open_store
-        from flink_memory.store.applier import LOG_DIR, LogApplier
+        from flink_memory.store.applier import LogApplier
+        from flink_memory.store.log_location import LogLocation
 
         embedder = embedder_for(config.embeddings) if config.embeddings.provider != "none" else None
         self.store = open_store(store_url, create=True, embedder=embedder)
-        self.applier = LogApplier(self.store, Path(output) / LOG_DIR)
+        self.applier = LogApplier(self.store, LogLocation(output), keep_applied_s=config.store.log_keep_applied_s,
+                                  retention_s=config.store.log_retention_s)
+        self.warn_after_s = config.store.applier_warn_after_s
         self.error: BaseException | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._follow, name="flink-memory-applier", daemon=True)
@@ -105,6 +108,12 @@ class Applier:
             self.applier.follow(self._stop)
         except BaseException as exc:  # noqa: BLE001 - reported by stop(), after the job
             self.error = exc
+
+    def note(self) -> str | None:
+        """The progress line's word on the store's lag (once a commit has waited store.applier_warn_after_s)."""
+        from flink_memory.store.lag import lag_note
+
+        return lag_note(self.applier.lag, time.time(), self.warn_after_s)
 
     def stop(self) -> BaseException | None:
         """Apply the last commits and stop; what failed (the committed output is whole either way)."""
@@ -170,10 +179,11 @@ def run_job(args: argparse.Namespace) -> int:
         raise
     job_id = str(client.get_job_id())
     print(f"[flink-memory] job {job_id} running (web UI http://127.0.0.1:{port})", file=sys.stderr)
-    progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input),
-                            concurrency=config.llm.max_concurrency, every_s=args.progress_every).start()
     store = config.store.location(args.output)
     applier = Applier(store, args.output, config) if store else None
+    progress = ProgressLine(port, job_id, total=None if args.follow else count_lines(args.input),
+                            concurrency=config.llm.max_concurrency, every_s=args.progress_every,
+                            note=applier.note if applier is not None else None).start()
     failed = None
     try:
         stopped = wait_or_cancel(client)
@@ -197,26 +207,41 @@ def run_job(args: argparse.Namespace) -> int:
 
 
 def apply_log(args: argparse.Namespace) -> int:
-    """`apply`: write the store from the memory log a job committed under --output (once, or --follow)."""
+    """`apply`: write the store from the memory log a job committed under --output (once, or --follow). A
+    location that cannot be read (an unknown scheme, a missing bucket, refused credentials) ends it at once
+    with the reason; so does a single apply where no log is."""
     from flink_memory.embeddings import embedder_for
     from flink_memory.store import open_store
-    from flink_memory.store.applier import LOG_DIR, LogApplier
+    from flink_memory.store.applier import LogApplier
+    from flink_memory.store.log_location import LocationError, LogLocation
 
     config = load_config(args.config, args.overrides)
     url = args.store or config.store.location(args.output)
     if url is None:
         print("flink-memory: the store is off (store.enabled: false)", file=sys.stderr)
         return 2
+    try:
+        location = LogLocation(args.output)
+        found = location.check()
+    except LocationError as exc:
+        print(f"flink-memory: {exc}", file=sys.stderr)
+        return 2
+    if not found and not args.follow:
+        print(f"flink-memory: no memory log at {location.uri}: has a job written to --output {args.output}? "
+              "(--follow waits for it)", file=sys.stderr)
+        return 2
     embedder = embedder_for(config.embeddings) if config.embeddings.provider != "none" else None
     with open_store(url, create=True, embedder=embedder) as store:
-        applier = LogApplier(store, Path(args.output) / LOG_DIR)
+        applier = LogApplier(store, location, keep_applied_s=config.store.log_keep_applied_s,
+                             retention_s=config.store.log_retention_s)
         if not args.follow:
             print(f"applied {applier.poll()} log entries to {store.location}")
             return 0
         stop = threading.Event()
         for s in (signal.SIGINT, signal.SIGTERM):
             signal.signal(s, lambda *_: stop.set())
-        print(f"[flink-memory] applying {applier.log_dir} to {store.location} until stopped", file=sys.stderr)
+        print(f"[flink-memory] applying {location.uri} to {store.location} until stopped"
+              + ("" if found else " (nothing there yet: waiting for the job)"), file=sys.stderr)
         applier.follow(stop, args.every)
     return 0
 

@@ -83,7 +83,8 @@ def run_serve(args: argparse.Namespace) -> int:
         config = load_config(args.config, args.overrides)
         options = ServeOptions(store=args.store, host=args.host, port=args.port, keys=args.keys, input=args.input,
                                read_only=args.read_only, agent=args.agent, threads=args.threads,
-                               diversity=config.recall.diversity, workers=args.workers)
+                               diversity=config.recall.diversity, workers=args.workers,
+                               applier_warn_after_s=config.store.applier_warn_after_s)
         embedder = embedder_for(config.embeddings)
         (serve_stdio if args.stdio else serve_http)(options, embedder)
     except (ServeError, KeysError, WriteFailed, EmbeddingError, ValueError) as exc:

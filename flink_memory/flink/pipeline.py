@@ -247,7 +247,7 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
     add_file_sinks(streams, output_dir)
     store_url = config.store.location(output_dir)
     if store_url:
-        add_store_sink(streams, store_url, config.embeddings)
+        add_store_sink(streams, store_url, config.embeddings, config.store.applier_warn_after_s)
     if config.sink.kafka.bootstrap_servers:
         kafka.add_kafka_sinks(t_env, streams, config, output_dir)
     return env

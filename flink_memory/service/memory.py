@@ -9,6 +9,7 @@ does not exist (`NotFound`, one message for both), so a key cannot learn which a
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -18,6 +19,7 @@ from flink_memory.records import DeadLetter, parse_line
 from flink_memory.service.models import (
     ACCEPTED_DETAIL,
     Accepted,
+    ApplierLag,
     Health,
     MemoryResponse,
     RecallRequest,
@@ -86,8 +88,10 @@ class MemoryService:
     `threads` reads run at once (default: one more than the CPU cores), the others wait their turn."""
 
     def __init__(self, store_url: str, writer: RecordWriter | None = None, *, embedder: Embedder | None = None,
-                 read_only: bool = False, threads: int | None = None, diversity: float = DIVERSITY) -> None:
+                 read_only: bool = False, threads: int | None = None, diversity: float = DIVERSITY,
+                 applier_warn_after_s: float = 120.0) -> None:
         self.store_url = store_url
+        self.applier_warn_after_s = applier_warn_after_s  # health is degraded once a commit waits this long
         self.writer = None if read_only else writer
         self.embedder = embedder
         self.diversity = diversity  # recall's weight of distinct results when a request names none
@@ -124,13 +128,18 @@ class MemoryService:
             self.writer.close()
 
     def health(self) -> Health:
+        lag = None
         try:
-            with self.store():
+            with self.store() as store:
                 state = "ok"
+                lag = store.applier_lag()
         except Unavailable as exc:
             state = str(exc)
-        return Health(status="ok" if state == "ok" else "degraded", store=state,
-                      writes=self.writer.target if self.writer is not None else "read-only")  # type: ignore[arg-type]
+        applier = None if lag is None else ApplierLag.of(lag, time.time())
+        behind = applier is not None and applier.oldest_unapplied_age_s > self.applier_warn_after_s
+        return Health(status="ok" if state == "ok" and not behind else "degraded", store=state,
+                      writes=self.writer.target if self.writer is not None else "read-only",  # type: ignore[arg-type]
+                      applier=applier)
 
     # --- reads ---------------------------------------------------------------------------------------
 

@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from flink_memory.ids import RECORD_ID_PATTERN
 from flink_memory.records import Message, SummaryNode
 from flink_memory.store import Recalled
+from flink_memory.store.lag import Lag
 
 MAX_QUESTION = 2000
 MAX_K = 100
@@ -98,10 +99,30 @@ class Accepted(_Body):
     detail: str = Field(description="when a reader sees it")
 
 
+class ApplierLag(_Body):
+    """How far the store is behind the job's committed memory log, as its applier last recorded it."""
+
+    log: str = Field(description="the memory log the applier follows")
+    written: int = Field(description="commits (committed files) the job wrote to the log")
+    applied: int = Field(description="of them, applied to the store")
+    unapplied: int
+    oldest_unapplied_age_s: float = Field(description="age of the oldest commit not applied yet (0: none)")
+    polled_age_s: float | None = Field(description="seconds since the applier last looked at the log")
+
+    @classmethod
+    def of(cls, lag: Lag, now: float) -> ApplierLag:
+        return cls(log=lag.log, written=lag.written, applied=lag.applied, unapplied=lag.unapplied,
+                   oldest_unapplied_age_s=round(lag.oldest_unapplied_age_s(now), 3),
+                   polled_age_s=round(max(0.0, now - lag.polled_at), 3) if lag.polled_at is not None else None)
+
+
 class Health(_Body):
-    status: Literal["ok", "degraded"]
+    status: Literal["ok", "degraded"] = Field(description="degraded: the store cannot be read, or a committed "
+                                              "change has waited longer than store.applier_warn_after_s")
     store: str = Field(description="ok, or why the store cannot be read yet")
     writes: Literal["directory", "kafka", "read-only"]
+    applier: ApplierLag | None = Field(None, description="the store applier's lag (null: no applier has written "
+                                       "this store yet)")
 
 
 class Problem(_Body):

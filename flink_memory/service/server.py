@@ -51,6 +51,7 @@ class ServeOptions:
     threads: int | None = None  # reads at once (store connections); None: the cores + 1
     diversity: float = DIVERSITY  # recall's default weight of distinct results (recall.diversity)
     workers: int = 1  # HTTP: processes accepting on one socket
+    applier_warn_after_s: float = 120.0  # health is degraded once a commit waits this long (store.*)
 
 
 def is_loopback(host: str) -> bool:
@@ -102,7 +103,8 @@ def build_service(options: ServeOptions, embedder: Any = None) -> tuple[MemorySe
     keyring = KeyRing(options.keys) if options.keys else None
     writer = None if options.read_only else open_writer(options.input)
     return (MemoryService(options.store, writer, embedder=embedder, read_only=options.read_only,
-                          threads=options.threads, diversity=options.diversity), keyring)
+                          threads=options.threads, diversity=options.diversity,
+                          applier_warn_after_s=options.applier_warn_after_s), keyring)
 
 
 def http_app(service: MemoryService, keyring: KeyRing | None, host: str, body_timeout_s: float = BODY_TIMEOUT_S

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
+from flink_memory.store.lag import Lag
 from flink_memory.store.rules import UNIT_PREFIX, PositionConflict
 from flink_memory.store.schema import (
     APPLIED,
@@ -26,6 +27,7 @@ from flink_memory.store.schema import (
     FORGET_UNITS,
     HIDE_UNIT,
     HIDE_UNITS,
+    META,
     PENDING_DELETE,
     PENDING_PREFIX,
     POSITION,
@@ -35,6 +37,9 @@ from flink_memory.store.schema import (
     unit_row,
 )
 from flink_memory.store.writes import StoreWrites
+
+LAG_KEY = "applier_lag"  # the meta row of the applier's last lag (flink_memory.store.lag.Lag, JSON)
+SET_LAG = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
 if TYPE_CHECKING:
     from flink_memory.stages.unit_rows import LogEntry, UnitRows
@@ -115,3 +120,15 @@ class LogWrites(StoreWrites):
         statements += [(self._sql(APPLIED_FILE), (name,)) for name in files]
         if statements:
             self._commit(agents, statements, checks)
+
+    def record_applier_lag(self, lag: Lag) -> None:
+        """The applier's lag after its last poll, for readers (`flink-memory serve`'s health answer)."""
+        self._write([], [(self._sql(SET_LAG), (LAG_KEY, lag.model_dump_json()))])
+
+    def applier_lag(self) -> Lag | None:
+        """The lag the applier last recorded; None if no applier has written this store yet."""
+        try:
+            value = self._meta(LAG_KEY)
+        except self.missing_table:
+            return None
+        return Lag.model_validate_json(value) if value else None
