@@ -19,6 +19,8 @@ import threading
 from collections import defaultdict
 from pathlib import Path
 
+from pydantic import ValidationError
+
 from flink_memory.stages.unit_rows import LogEntry
 from flink_memory.store.rules import PositionConflict
 from flink_memory.store.sql import MemoryStore
@@ -43,6 +45,7 @@ class LogApplier:
         self.unfinished: dict[str, dict[tuple[str, str], int]] = {}  # files read, not applied to the end: last seqs
         self.positions: dict[tuple[str, str], int] = {}
         self.entries = 0  # entries applied by this applier
+        self.skipped: list[tuple[str, int, str]] = []  # (file, line or 0 for all of it, why): not log entries
 
     def committed_files(self) -> list[Path]:
         """Committed part files not applied yet, oldest first."""
@@ -78,14 +81,34 @@ class LogApplier:
         self.poll()
 
     def _read(self, path: Path) -> None:
+        """Take a file's entries. A line that is no log entry (a corrupt or foreign file) is reported with the
+        file's name and skipped: the other agents go on, and an agent whose entry it was waits at that gap."""
         last: dict[tuple[str, str], int] = {}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            if line.strip():
+        try:
+            lines = path.read_bytes().decode("utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            lines = []
+            self._skip(path.name, 0, f"not UTF-8 text ({exc.reason})")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
                 entry = LogEntry.model_validate_json(line)
-                log_key = (entry.agent_id, entry.by)
-                self.waiting[log_key][entry.seq] = entry
-                last[log_key] = max(last.get(log_key, 0), entry.seq)
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(part) for part in error["loc"])
+                self._skip(path.name, number, f"{where}: {error['msg']}" if where else error["msg"])
+                continue
+            log_key = (entry.agent_id, entry.by)
+            self.waiting[log_key][entry.seq] = entry
+            last[log_key] = max(last.get(log_key, 0), entry.seq)
         self.unfinished[path.name] = last
+
+    def _skip(self, name: str, line: int, reason: str) -> None:
+        where = f"{name}, line {line}" if line else name
+        self.skipped.append((name, line, reason))
+        log.error("skipped %s in %s: it is no memory-log entry (%s); the agents it does not concern go on",
+                  where, self.log_dir, reason)
 
     def _position(self, log_key: tuple[str, str]) -> int:
         if log_key not in self.positions:

@@ -60,15 +60,15 @@ class LogWrites(StoreWrites):
         for rows in messages:
             agent, ahead = rows.agent_id, (rows.seq, rows.agent_id)
             if rows.forget:
-                statements += [(self._sql(HIDE_UNITS), (rows.seq, agent, *ahead)),
+                statements += [(self._sql(HIDE_UNITS), (rows.seq, agent, rows.seq, *ahead)),
                                (self._sql(DROP_ALL_PENDING), (agent, *ahead)),
                                (self._sql(PENDING_DELETE), (agent, "*", rows.seq, *ahead))]
             for unit_id in rows.delete:
-                statements += [(self._sql(HIDE_UNIT), (rows.seq, agent, UNIT_PREFIX + unit_id, *ahead)),
+                statements += [(self._sql(HIDE_UNIT), (rows.seq, agent, UNIT_PREFIX + unit_id, rows.seq, *ahead)),
                                (self._sql(DROP_PENDING), (agent, PENDING_PREFIX + unit_id, *ahead)),
                                (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq, *ahead))]
-            statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq, *ahead))
-                           for u in rows.upsert]
+            statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq, *ahead, agent,
+                                                        u.unit_id, rows.seq)) for u in rows.upsert]
         statements += self._vector_statements([(u.agent_id, PENDING_PREFIX + u.unit_id, u.text)
                                                for rows in messages for u in rows.upsert])
         if statements:

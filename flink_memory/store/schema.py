@@ -91,20 +91,26 @@ FORGET_UNITS = f"DELETE FROM {NODES} WHERE agent_id = ? AND ({COMMITTED_UNIT})"
 # Provisional writes apply only ahead of the agent's committed position: a message the applier has already
 # committed (a slow writer, a zombie attempt) changes nothing
 AHEAD = f"? > COALESCE((SELECT p.batcher_seq FROM {POSITIONS} p WHERE p.agent_id = ?), 0)"
+# A provisional row is fenced at every moment: not behind a deletion or forget already shown (a pending deletion
+# of a later seq), and never over a provisional row of a later seq (a late, older write of an updated unit)
 UPSERT_PENDING = (
     f"INSERT INTO {NODES} ({', '.join(COLUMNS)}, pending_seq) SELECT {', '.join('?' for _ in COLUMNS)}, ? "
-    f"WHERE {AHEAD} {_SET_UNIT_ROW}"
+    f"WHERE {AHEAD} AND NOT EXISTS (SELECT 1 {_HIDING}) {_SET_UNIT_ROW} "
+    f"WHERE {NODES}.pending_seq IS NOT NULL AND {NODES}.pending_seq <= excluded.pending_seq"
 )
+# (a unit hidden by a later deletion keeps that deletion's seq: an older one must not shorten its hiding)
+_NOT_HIDDEN_LATER = f"(kind <> '{HIDDEN_KIND}' OR pending_seq IS NULL OR pending_seq < ?)"
 HIDE_UNIT = (f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND node_id = ? AND "
-             f"kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND {AHEAD}")
+             f"kind IN ('{UNIT_KIND}', '{HIDDEN_KIND}') AND {_NOT_HIDDEN_LATER} AND {AHEAD}")
 HIDE_UNITS = (f"UPDATE {NODES} SET kind = '{HIDDEN_KIND}', pending_seq = ? WHERE agent_id = ? AND ({COMMITTED_UNIT}) "
-              f"AND {AHEAD}")
+              f"AND {_NOT_HIDDEN_LATER} AND {AHEAD}")
 DROP_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND node_id = ? AND kind = '{UNIT_KIND}' "
                 f"AND pending_seq IS NOT NULL AND {AHEAD}")
 DROP_ALL_PENDING = (f"DELETE FROM {NODES} WHERE agent_id = ? AND kind = '{UNIT_KIND}' AND pending_seq IS NOT NULL "
                     f"AND {AHEAD}")
 PENDING_DELETE = (f"INSERT INTO {PENDING_DELETES} (agent_id, unit_id, seq) SELECT ?, ?, ? WHERE {AHEAD} "
-                  f"ON CONFLICT (agent_id, unit_id) DO UPDATE SET seq = excluded.seq")
+                  f"ON CONFLICT (agent_id, unit_id) DO UPDATE SET seq = excluded.seq "
+                  f"WHERE {PENDING_DELETES}.seq < excluded.seq")  # (a late, older deletion never lowers it)
 # a commit that reached `seq`: provisional rows and pending deletions up to it are the committed rows' now,
 # and a unit hidden by a deletion the commit did not make is shown again
 UNHIDE = (f"UPDATE {NODES} SET kind = '{UNIT_KIND}', pending_seq = NULL WHERE agent_id = ? AND kind = '{HIDDEN_KIND}' "
