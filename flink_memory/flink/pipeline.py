@@ -25,7 +25,7 @@ from pyflink.datastream.connectors.file_system import (
     StreamFormat,
 )
 
-from flink_memory import budgets
+from flink_memory import budgets, history
 from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import DEAD_LETTER_TAG, KEYED, ParseRecords, StageFunction, output_tag
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
@@ -224,7 +224,10 @@ def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
 
 def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool = False,
               restore: str | None = None, rest_port: int | None = None) -> StreamExecutionEnvironment:
-    """The whole job: a file or Kafka input; files, the store and Kafka (sink.kafka) as outputs."""
+    """The whole job: a file or Kafka input; files, the store and Kafka (sink.kafka) as outputs. The job's
+    history is claimed first (flink_memory.history.start: refused, with what to do, when the output or the
+    store belongs to another job)."""
+    config = history.start(config, output_dir, restore)
     env = create_environment(config, output_dir, restore, rest_port)
     kafka_in = is_kafka(input_path)
     t_env = None
@@ -247,7 +250,7 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
     add_file_sinks(streams, output_dir)
     store_url = config.store.location(output_dir)
     if store_url:
-        add_store_sink(streams, store_url, config.embeddings)
+        add_store_sink(streams, store_url, config.embeddings, config.job.branch)
     if config.sink.kafka.bootstrap_servers:
         kafka.add_kafka_sinks(t_env, streams, config, output_dir)
     return env

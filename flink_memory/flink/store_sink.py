@@ -35,9 +35,10 @@ CLOSE_WAIT_S = 120.0  # how long closing waits for the last vectors (Flink cance
 class WriteProvisional(ProcessFunction):
     """Opens the store in each subtask (creating the schema once) and shows every unit-rows message it gets."""
 
-    def __init__(self, url: str, embeddings: EmbeddingsConfig | None = None) -> None:
+    def __init__(self, url: str, embeddings: EmbeddingsConfig | None = None, branch: str = "") -> None:
         self.url = url
         self.embeddings = embeddings
+        self.branch = branch  # the job's (flink_memory.history): a restarted attempt voids the failed one's rows
         self.store: MemoryStore | None = None
         self.vectors: VectorBackfill | None = None
         self.writer: WriteBehind | None = None
@@ -47,6 +48,8 @@ class WriteProvisional(ProcessFunction):
         inline = embedder is not None and embedder.inline  # (else vectors follow on a thread of their own)
         self.store = open_store(self.url, create=True, embedder=embedder if inline else None)
         self.vectors = VectorBackfill(self.url, embedder) if embedder is not None and not inline else None
+        if self.branch:  # (this store then writes as this attempt)
+            self.store.restart_attempt(self.branch, runtime_context.get_attempt_number())
         self.writer = WriteBehind(self.store, self.vectors.name if self.vectors is not None else None)
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
@@ -69,10 +72,12 @@ class WriteProvisional(ProcessFunction):
             self.store = None
 
 
-def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None) -> DataStream | None:
+def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None,
+                   branch: str = "") -> DataStream | None:
     """Show the unit rows of `streams.memory_log` at once, as provisional rows, in the store at `url` (SQLite
-    path or postgresql:// URL), embedded with `embeddings` (None: no vectors). Returns the terminal operator's
-    (empty) stream; None without a memory log."""
+    path or postgresql:// URL), embedded with `embeddings` (None: no vectors); `branch`: the job's
+    (config.job.branch). Returns the terminal operator's (empty) stream; None without a memory log."""
     if streams.memory_log is None:
         return None
-    return streams.memory_log.process(WriteProvisional(url, embeddings)).name("sink-store").uid(STORE_SINK_UID)
+    return (streams.memory_log.process(WriteProvisional(url, embeddings, branch)).name("sink-store")
+            .uid(STORE_SINK_UID))

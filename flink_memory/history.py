@@ -1,0 +1,165 @@
+"""Which history a job writes, and what its output tells an applier (docs/recovery.md).
+
+A job started without a restore mints a history; every submission (a fresh start or a restore from any
+savepoint or retained checkpoint) mints a branch. Both are time-ordered ids, so a later submission's branch
+sorts after an earlier one's: the store follows the newest branch of its history (stages.unit_rows.Lineage).
+The job records in its output a small descriptor, `flink-memory.json`: the history, its branches, the store's
+URL without secrets, the embedding model and the log's format, so `flink-memory apply --output DIR` needs
+nothing else, and a job that would write into an output or a store another history owns is refused at start.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from flink_memory.stages.unit_rows import BRANCH_ID, Lineage
+
+if TYPE_CHECKING:
+    from flink_memory.config import Config
+
+log = logging.getLogger(__name__)
+
+DESCRIPTOR = "flink-memory.json"  # in the job's output directory
+LOG_FORMAT = 2  # 2: entries carry their history and branch, and a branch opens with its base and snapshot
+
+
+def new_id() -> str:
+    """A time-ordered id: nanoseconds since the epoch (16 hex digits until 2554), then 4 random hex digits."""
+    return f"{time.time_ns():016x}{secrets.token_hex(2)}"
+
+
+class Branch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    branch: str = Field(pattern=BRANCH_ID)
+    started: str  # when it was submitted (UTC, RFC 3339)
+    restored_from: str | None = None  # the savepoint or checkpoint it was restored from (None: a fresh start)
+
+
+class Descriptor(BaseModel):
+    """`<output>/flink-memory.json`: what an applier needs to follow the job's memory log."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    log_format: int = LOG_FORMAT
+    history: str = Field(pattern=BRANCH_ID)
+    branches: list[Branch] = Field(default_factory=list)
+    store: str | None = None  # the store's URL without its password (None: the store is off)
+    embeddings: str = "none"  # provider:model of the vectors ("none": no vectors)
+
+    @property
+    def lineage(self) -> Lineage:
+        return Lineage(history=self.history, branch=self.branches[-1].branch if self.branches else "")
+
+
+def now_utc() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def parse_descriptor(text: str, where: str) -> Descriptor:
+    try:
+        return Descriptor.model_validate(json.loads(text))
+    except ValueError as exc:
+        raise HistoryError(f"{where} is not a flink-memory output descriptor: {str(exc).splitlines()[0]}") from None
+
+
+class HistoryError(RuntimeError):
+    """A job or an applier would mix histories, or follow another store than the job's: the message says what
+    to do."""
+
+
+def _fs(output: str) -> tuple[Any, str]:
+    """An fsspec filesystem and the path in it."""
+    import fsspec
+
+    return fsspec.core.url_to_fs(output)
+
+
+def read_descriptor(output: str) -> Descriptor | None:
+    """The descriptor of the job writing to `output` (a path, file:// or any fsspec URL); None: none there."""
+    fs, root = _fs(output)
+    path = f"{root.rstrip('/')}/{DESCRIPTOR}"
+    if not fs.exists(path):
+        return None
+    return parse_descriptor(fs.cat_file(path).decode("utf-8"), f"{output.rstrip('/')}/{DESCRIPTOR}")
+
+
+def write_descriptor(output: str, descriptor: Descriptor) -> None:
+    """Write it whole or not at all (a reader never sees half of it)."""
+    fs, root = _fs(output)
+    fs.makedirs(root, exist_ok=True)
+    path, part = f"{root.rstrip('/')}/{DESCRIPTOR}", f"{root.rstrip('/')}/.{DESCRIPTOR}.part"
+    fs.pipe_file(part, descriptor.model_dump_json(indent=2).encode("utf-8"))
+    fs.mv(part, path)
+
+
+def embeddings_name(provider: str, model: str | None) -> str:
+    return provider if provider == "none" else f"{provider}:{model or 'default'}"
+
+
+def claim(output: str, store: str | None, embeddings: str, restore: str | None,
+          store_history: str | None = None) -> Descriptor:
+    """The history a job submitted now writes, recorded in its output: a fresh start mints one, a restore keeps
+    the output's (or the store's: `store_history`, None when there is no store or it holds no history yet) and
+    adds a branch. Refused (HistoryError, saying what to do) when a fresh start would write into an output or
+    a store that another history owns, or a restore into an output and a store of two histories."""
+    from flink_memory.databases import redact_url
+
+    found = read_descriptor(output)
+    shown = redact_url(store) if store else None
+    if restore is None:
+        owner = found.history if found is not None else store_history
+        if owner:
+            where = f"the output {output}" if found is not None else f"the store {shown}"
+            raise HistoryError(
+                f"{where} holds the memory of another job (history {owner}). A new job there would mix two "
+                "memories of the same agent ids. Restore that job instead (--restore its savepoint or retained "
+                "checkpoint), or give this one a new output directory and a new store (store.url); to start over, "
+                "delete the old output and store first.")
+        history = new_id()
+    else:
+        if found is not None and store_history and found.history != store_history:
+            raise HistoryError(
+                f"the output {output} holds history {found.history} and the store {shown} history "
+                f"{store_history}: restore into this output with its own store, or into a new output and store.")
+        history = found.history if found is not None else store_history or new_id()
+    branches = found.branches if found is not None and found.history == history else []
+    descriptor = Descriptor(history=history, store=shown, embeddings=embeddings,
+                            branches=[*branches, Branch(branch=new_id(), started=now_utc(), restored_from=restore)])
+    write_descriptor(output, descriptor)
+    return descriptor
+
+
+def start(config: Config, output: str, restore: str | None) -> Config:
+    """`config` with the history and branch a job submitted now writes (job.history, job.branch), claimed in
+    its output and its store (see `claim`). A store out of reach is left to the applier, which refuses the
+    agents of another history it meets (a warning says so)."""
+    from flink_memory.store import StoreError, open_store
+
+    if config.job.branch:  # (given: a test, or a wrapper that claimed it already)
+        return config
+    url = config.store.location(output)
+    store_history = None
+    if url is not None:
+        try:
+            with open_store(url, create=True) as store:
+                store_history = store.history()
+        except StoreError as exc:
+            log.warning("could not read the history of the store %s (%s): the applier will refuse the agents of "
+                        "another history", url, exc)
+            url = None
+    descriptor = claim(output, config.store.location(output), embeddings_name(config.embeddings.provider,
+                       config.embeddings.model), restore, store_history)
+    if url is not None and store_history is None:
+        with open_store(url) as store:
+            store.claim_history(descriptor.history)
+    lineage = descriptor.lineage
+    return config.model_copy(update={"job": config.job.model_copy(update={"history": lineage.history,
+                                                                          "branch": lineage.branch})})
