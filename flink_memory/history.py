@@ -28,6 +28,7 @@ log = logging.getLogger(__name__)
 
 DESCRIPTOR = "flink-memory.json"  # in the job's output directory
 LOG_FORMAT = 2  # 2: entries carry their history and branch, and a branch opens with its base and snapshot
+UNNAMED = "unnamed: written before histories were recorded"  # the owner of a log or store of an older release
 
 
 def new_id() -> str:
@@ -100,6 +101,13 @@ def write_descriptor(output: str, descriptor: Descriptor) -> None:
     fs.mv(part, path)
 
 
+def _has_log(output: str) -> bool:
+    """Whether `output` holds a memory log already (committed files of memory/)."""
+    fs, root = _fs(output)
+    folder = f"{root.rstrip('/')}/memory"
+    return fs.isdir(folder) and any(not name.rsplit("/", 1)[-1].startswith(".") for name in fs.ls(folder, detail=False))
+
+
 def embeddings_name(provider: str, model: str | None) -> str:
     return provider if provider == "none" else f"{provider}:{model or 'default'}"
 
@@ -116,8 +124,10 @@ def claim(output: str, store: str | None, embeddings: str, restore: str | None,
     shown = redact_url(store) if store else None
     if restore is None:
         owner = found.history if found is not None else store_history
+        in_output = found is not None or (store_history is None and _has_log(output))
+        owner = found.history if found is not None else store_history or (UNNAMED if in_output else None)
         if owner:
-            where = f"the output {output}" if found is not None else f"the store {shown}"
+            where = f"the output {output}" if in_output else f"the store {shown}"
             raise HistoryError(
                 f"{where} holds the memory of another job (history {owner}). A new job there would mix two "
                 "memories of the same agent ids. Restore that job instead (--restore its savepoint or retained "
@@ -125,11 +135,12 @@ def claim(output: str, store: str | None, embeddings: str, restore: str | None,
                 "delete the old output and store first.")
         history = new_id()
     else:
-        if found is not None and store_history and found.history != store_history:
+        recorded = store_history if store_history != UNNAMED else None
+        if found is not None and recorded and found.history != recorded:
             raise HistoryError(
                 f"the output {output} holds history {found.history} and the store {shown} history "
                 f"{store_history}: restore into this output with its own store, or into a new output and store.")
-        history = found.history if found is not None else store_history or new_id()
+        history = found.history if found is not None else recorded or new_id()
     branches = found.branches if found is not None and found.history == history else []
     descriptor = Descriptor(history=history, store=shown, embeddings=embeddings,
                             branches=[*branches, Branch(branch=new_id(), started=now_utc(), restored_from=restore)])
@@ -151,13 +162,15 @@ def start(config: Config, output: str, restore: str | None) -> Config:
         try:
             with open_store(url, create=True) as store:
                 store_history = store.history()
+                if store_history is None and store.agents():  # (a store written before histories)
+                    store_history = UNNAMED
         except StoreError as exc:
             log.warning("could not read the history of the store %s (%s): the applier will refuse the agents of "
                         "another history", url, exc)
             url = None
     descriptor = claim(output, config.store.location(output), embeddings_name(config.embeddings.provider,
                        config.embeddings.model), restore, store_history)
-    if url is not None and store_history is None:
+    if url is not None and store_history in (None, UNNAMED):
         with open_store(url) as store:
             store.claim_history(descriptor.history)
     lineage = descriptor.lineage

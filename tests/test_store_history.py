@@ -131,7 +131,7 @@ class Job:
     holds), `restore` starts a new submission (a new branch) from such a copy."""
 
     def __init__(self, history, branch, saved=None):
-        self.pipeline = pipeline(f"job.history={history}", f"job.branch={branch}")
+        self.pipeline = pipeline(*([f"job.history={history}", f"job.branch={branch}"] if branch else []))
         if saved is not None:
             states, deadlines, sweeps, now, finished = copy.deepcopy(saved)
             for stage, state in zip(self.pipeline.stages, states, strict=True):
@@ -287,6 +287,16 @@ def test_a_fresh_job_into_an_output_or_a_store_of_another_history_is_refused_at_
     assert [b.branch for b in described.branches] == [first.job.branch, restored.job.branch]
     assert described.branches[-1].restored_from == "/savepoints/savepoint-1"
     assert described.store == location  # (no password in the test's URL; one is left out:)
+    old_output = LogFiles(tmp_path / "old-out")  # an output and a store of a release before histories
+    old_output.commit(Job("", "").feed(*FIRST).pipeline.log)
+    with pytest.raises(HistoryError, match="the output .* written before histories"):
+        start(cfg("embeddings.provider=none"), str(old_output.output), None)
+    old_store = str(tmp_path / "old.sqlite")
+    with open_store(old_store, create=True) as store:
+        apply_committed(store, old_output.output)
+    with pytest.raises(HistoryError, match="the store .* written before histories"):
+        start(cfg(f"store.url={old_store}", "embeddings.provider=none"), str(tmp_path / "new-out"), None)
+    assert start(cfg(f"store.url={old_store}", "embeddings.provider=none"), str(old_output.output), "/chk-1").job.branch
     claim(str(tmp_path / "secret-out"), "postgresql://memory:s3cret@db.internal/memory", "none", None)
     written = (tmp_path / "secret-out" / "flink-memory.json").read_text()
     assert "s3cret" not in written and "postgresql://memory:***@db.internal/memory" in written
@@ -337,3 +347,15 @@ def test_a_failed_attempts_deletion_the_replay_never_makes_hides_nothing_once_th
         assert store.recall("a", "spare key", mode="keyword")[0].node_id == "m0"
         store.write_provisional(eviction)  # (the replay's own deletion, attempt 1, is shown)
         assert store.units("a") == []
+
+
+def test_the_descriptor_sample_of_the_docs_is_what_the_job_writes():
+    from pathlib import Path
+
+    from flink_memory.history import LOG_FORMAT, parse_descriptor
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "output.md").read_text(encoding="utf-8")
+    sample = text.split("what an applier needs to follow it, written when the job is submitted:\n\n```json\n")[1]
+    described = parse_descriptor(sample.split("```")[0], "docs/output.md")
+    assert described.log_format == LOG_FORMAT and described.branches[-1].restored_from
+    assert described.lineage.branch > described.branches[0].branch
