@@ -176,3 +176,21 @@ def start(config: Config, output: str, restore: str | None) -> Config:
     lineage = descriptor.lineage
     return config.model_copy(update={"job": config.job.model_copy(update={"history": lineage.history,
                                                                           "branch": lineage.branch})})
+
+
+def held_agents(config: Config, output: str) -> list[str]:
+    """The agents the job's store holds ([] when it is off or out of reach): a restored job opens its branch
+    for each at once (stages.messages.Rebase), so none stays as an abandoned branch left it until its next
+    input."""
+    from flink_memory.store import StoreError, open_store
+
+    url = config.store.location(output)
+    if url is None:
+        return []
+    try:
+        with open_store(url) as store:
+            return store.agents()
+    except StoreError as exc:
+        log.warning("could not list the agents of the store %s (%s): each follows the restored job at its next "
+                    "input", url, exc)
+        return []

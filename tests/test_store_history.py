@@ -11,6 +11,7 @@ from stagekit import Pipeline, UnitTable, cfg, keeping_answer
 from test_store_log import LogFiles, item
 from test_store_units import new_location
 
+from flink_memory.stages.messages import Rebase
 from flink_memory.stages.unit_rows import UnitRows
 from flink_memory.store import live_view, open_store
 from flink_memory.store.applier import LogApplier, apply_committed
@@ -144,6 +145,14 @@ class Job:
         self.pipeline.feed(*records).settle().advance(61)
         return self
 
+    def rebase(self, *agents):
+        """What a restored job does first for each agent its store holds (flink_memory.history.held_agents)."""
+        batcher = next(i for i, stage in enumerate(self.pipeline.stages) if stage.name == "batcher")
+        for agent in agents:
+            self.pipeline._deliver(batcher, agent, Rebase())
+        self.pipeline.settle()
+        return self
+
     def savepoint(self):
         p = self.pipeline
         return copy.deepcopy(([s.state for s in p.stages], p.deadlines, p.sweeps, p.now, p.finished))
@@ -226,6 +235,29 @@ def test_a_restore_of_an_older_savepoint_into_the_same_output_and_store(location
         LogApplier(store, files.folder).poll()
         one.shown(store)
         assert_store_is(store, nodes, units, ("a", "b"))
+
+
+def test_an_agent_without_input_after_the_restore_follows_the_restored_job_at_once(location, tmp_path):
+    """(a) for an agent the restored job gets no input for: the job opens its branch at once for every agent
+    the store holds (Rebase), so a's forget of the abandoned branch is undone, and agent c, which only the
+    abandoned branch knew, leaves the store."""
+    one = Job("h1", "b1").feed(*FIRST)
+    files = LogFiles(tmp_path / "out")
+    one.commit(files)
+    saved, at_savepoint = one.savepoint(), len(one.pipeline.log)
+    one.feed({"agent_id": "a", "forget": True}, item("c", 0, fact="C-fact 0: only the abandoned branch knew c."))
+    with open_store(location, create=True) as store:
+        one.commit(files)
+        apply_committed(store, files.output)
+        assert store.units("a") == [] and store.units("c")
+        two = Job("h1", "b2", saved).rebase(*store.agents())
+        two.shown(store)
+        two.commit(files)
+        apply_committed(store, files.output)
+        nodes, units = expected((one, 0, at_savepoint), (two, 0, None))
+        assert_store_is(store, nodes, units, ("a", "b", "c"))
+        assert {u.unit_id for u, _ in store.units("a")} == {"m0", "m1", "m2", "m3"}
+        assert store.agents() == ["a", "b"]
 
 
 def test_a_restore_into_a_new_output_and_a_new_store_needs_nothing_of_the_old_folder(location, tmp_path):

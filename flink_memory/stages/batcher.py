@@ -35,7 +35,7 @@ from flink_memory.stages.batcher_state import (
     UnitHome,
 )
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
-from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, StageMessage
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, Retract, StageMessage
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import (
     Base,
@@ -73,6 +73,9 @@ class BatcherCore(BatchRevisions):
     def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
         effects = self._rebase(state, meta, Effects())
+        if isinstance(message, Rebase):  # (done above; the merger's log too)
+            effects.out.append(message)
+            return self._finish(state, buffer, meta, effects, now_ms)
         if isinstance(message, ForgetAgent):
             self._forget(state, buffer, meta, effects)
             return self._finish(state, buffer, meta, effects, now_ms)

@@ -37,7 +37,7 @@ from flink_memory.stages.merger_state import (
     ParentJob,
     StoredNode,
 )
-from flink_memory.stages.messages import ForgetAgent, HoldNodes, StageMessage
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, StageMessage
 from flink_memory.stages.protocol import Culprit
 from flink_memory.stages.unit_rows import Base, Lineage, Snapshot, fork_line, log_line
 from flink_memory.state import StateTransaction
@@ -69,6 +69,8 @@ class MergerCore(TreeRevisions):
     def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
         tree, schedule = self._load(state)
         effects = self._rebase(state, Effects())
+        if isinstance(message, Rebase):  # (done above)
+            return self._settle(state, tree, schedule, effects)
         if isinstance(message, ForgetAgent):
             self._forget(state, tree, schedule, effects)
             return self._settle(state, tree, schedule, effects)
