@@ -71,9 +71,9 @@ def test_a_checkpoint_restored_after_another_branch_applied_a_forget(tmp_path):
             wait_for(lambda: store_has("a", {"m0", "m1", "m2"}) and store_has("b", {"m0", "m1", "m2"}), 240)
             seen = int(latest_checkpoint(output).name.split("-")[1])
             wait_for(lambda: int(latest_checkpoint(output).name.split("-")[1]) > seen, 60, 0.2)
-            checkpoint = latest_checkpoint(output)  # (holds the three facts of each agent, batched)
         finally:
             kill_group(first)
+        checkpoint = latest_checkpoint(output)  # (its last: the three facts of each agent, batched)
         publish("part-1.jsonl", [{"agent_id": "a", "forget": True}, fact("a", 7, "a: after the forget, tea.")])
         second = job("second.log", "--restore", str(checkpoint))
         try:
