@@ -11,7 +11,6 @@ from stagekit import Pipeline, UnitTable, cfg, keeping_answer
 from test_store_log import LogFiles, item
 from test_store_units import new_location
 
-from flink_memory.stages.messages import Rebase
 from flink_memory.stages.unit_rows import UnitRows
 from flink_memory.store import live_view, open_store
 from flink_memory.store.applier import LogApplier, apply_committed
@@ -147,6 +146,8 @@ class Job:
 
     def rebase(self, *agents):
         """What a restored job does first for each agent its store holds (flink_memory.history.held_agents)."""
+        from flink_memory.stages.messages import Rebase  # (this module runs on releases before it too)
+
         batcher = next(i for i, stage in enumerate(self.pipeline.stages) if stage.name == "batcher")
         for agent in agents:
             self.pipeline._deliver(batcher, agent, Rebase())
