@@ -120,11 +120,17 @@ def claim(output: str, store: str | None, embeddings: str, restore: str | None,
     a store that another history owns, or a restore into an output and a store of two histories."""
     from flink_memory.databases import redact_url
 
-    found = read_descriptor(output)
+    try:
+        found = read_descriptor(output)
+        reachable = True
+    except (ImportError, OSError, ValueError) as exc:  # (a filesystem this client cannot reach: Flink may)
+        log.warning("cannot read %s here (%s): its descriptor is neither checked nor written; the store's "
+                    "history still is", output, exc)
+        found, reachable = None, False
     shown = redact_url(store) if store else None
     if restore is None:
         owner = found.history if found is not None else store_history
-        in_output = found is not None or (store_history is None and _has_log(output))
+        in_output = found is not None or (reachable and store_history is None and _has_log(output))
         owner = found.history if found is not None else store_history or (UNNAMED if in_output else None)
         if owner:
             where = f"the output {output}" if in_output else f"the store {shown}"
@@ -144,7 +150,8 @@ def claim(output: str, store: str | None, embeddings: str, restore: str | None,
     branches = found.branches if found is not None and found.history == history else []
     descriptor = Descriptor(history=history, store=shown, embeddings=embeddings,
                             branches=[*branches, Branch(branch=new_id(), started=now_utc(), restored_from=restore)])
-    write_descriptor(output, descriptor)
+    if reachable:
+        write_descriptor(output, descriptor)
     return descriptor
 
 
