@@ -9,6 +9,11 @@ continue each agent's stored positions (one per log), with the new positions and
 restarted or second applier compares positions and can neither skip nor repeat an entry. Entries that wait for an
 earlier one (in a file not seen yet, e.g. after a rescale) are kept until it comes.
 
+Positions are (branch, seq) of a history (flink_memory.history): after a restore the folder may hold several
+branches of an agent's log; the applier follows the newest branch's lineage (the older branch up to where the
+newer one left it, then the newer one), and drops the entries of branches it left. A new log of an agent in
+another history than the store's is refused (`refused`, logged), never mixed in.
+
 Run it beside the job: `flink-memory run` does; on a cluster, `flink-memory apply --output DIR --follow`.
 """
 
