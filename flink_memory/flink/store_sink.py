@@ -48,8 +48,12 @@ class WriteProvisional(ProcessFunction):
         inline = embedder is not None and embedder.inline  # (else vectors follow on a thread of their own)
         self.store = open_store(self.url, create=True, embedder=embedder if inline else None)
         self.vectors = VectorBackfill(self.url, embedder) if embedder is not None and not inline else None
-        if self.branch:  # (this store then writes as this attempt)
-            self.store.restart_attempt(self.branch, runtime_context.get_attempt_number())
+        try:  # (PyFlink 2.3's thread mode lacks it: pemja finds no getAttemptNumber; then commits alone undo)
+            attempt: int | None = runtime_context.get_attempt_number()
+        except Exception:  # noqa: BLE001 - an attribute error raised through pemja
+            attempt = None
+        if self.branch and attempt is not None:  # (this store then writes as this attempt)
+            self.store.restart_attempt(self.branch, attempt)
         self.writer = WriteBehind(self.store, self.vectors.name if self.vectors is not None else None)
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
