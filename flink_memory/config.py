@@ -212,6 +212,9 @@ class JobConfig(_Section):
     # The Kafka connector jar (a path), loaded when the input or an output is Kafka; null: the Maven cache's
     # flink-sql-connector-kafka (flink_memory.kafka.CONNECTOR).
     kafka_connector_jar: str | None = None
+    # The history the memory log is written in (flink_memory.history): set when the job is built.
+    history: str = Field("", pattern=r"^[0-9a-z]*$")
+    branch: str = Field("", pattern=r"^[0-9a-z]*$")
 
 
 class Config(BaseModel):

@@ -34,7 +34,8 @@ def _read_remote(output: str) -> dict[str, list[dict[str, Any]]]:
         folder = LogLocation(output, name)
         rows: list[dict[str, Any]] = []
         for file in sorted(folder.committed(), key=lambda f: f.name):
-            rows.extend(json.loads(line) for line in folder.read_text(file.name).splitlines() if line.strip())
+            text = folder.read_bytes(file.name).decode("utf-8")
+            rows.extend(json.loads(line) for line in text.splitlines() if line.strip())
         found[name] = rows
     return found
 

@@ -128,6 +128,9 @@ class StateModel(StoredModel):
 
     v: int = STATE_VERSION
     _written: ClassVar[dict[str, Any]] = {"v": STATE_VERSION}
+    # fields added to the layout since it was versioned: left out while they hold their default, so a value
+    # written before reads and writes back byte for byte
+    added: ClassVar[frozenset[str]] = frozenset()
 
     @classmethod
     def load(cls, raw: str) -> Any:
@@ -136,7 +139,11 @@ class StateModel(StoredModel):
 
     @classmethod
     def dump(cls, value: Any) -> str:
-        return cls.of(value).model_dump_json()
+        stored = cls.of(value)
+        if not cls.added:
+            return stored.model_dump_json()
+        return stored.model_dump_json(exclude={name for name in cls.added
+                                               if getattr(stored, name) == cls.model_fields[name].default})
 
 
 class Codec(Protocol):

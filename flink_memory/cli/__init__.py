@@ -13,6 +13,7 @@ from flink_memory.cli.read import embed_rows, read_memory
 from flink_memory.cli.run import apply_log, run_job, serve_llm
 from flink_memory.cli.serve import add_commands as add_service_commands
 from flink_memory.config import ConfigError
+from flink_memory.history import HistoryError
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -79,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
                        "<output>/memory.sqlite)")
     apply.add_argument("--follow", action="store_true", help="keep applying new commits until stopped")
     apply.add_argument("--every", type=float, default=0.25, metavar="SECONDS", help="how often to look (--follow)")
-    apply.add_argument("--config", help="for the store.* and embeddings.* settings")
+    apply.add_argument("--config", help="for the store.* and embeddings.* settings of a job whose output has no "
+                       "flink-memory.json (older releases); else they must match it")
     apply.add_argument("--set", dest="overrides", action="append", default=[])
     apply.set_defaults(handler=apply_log)
     add_service_commands(commands)
@@ -90,6 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.handler(args))
-    except ConfigError as exc:
+    except (ConfigError, HistoryError) as exc:
         print(f"flink-memory: {exc}", file=sys.stderr)
         return 2

@@ -17,6 +17,7 @@ from flink_memory.cli.args import job_config
 from flink_memory.cli.progress import ProgressLine, count_lines
 from flink_memory.cli.report import ask, featured_agent, report, vectors_line
 from flink_memory.config import load_config
+from flink_memory.history import read_descriptor
 from flink_memory.outputs import read_outputs
 
 CANCEL_WAIT_S = 60.0  # how long a stop waits for the cancelled job's tasks to end
@@ -216,15 +217,19 @@ def apply_log(args: argparse.Namespace) -> int:
     from flink_memory.store.log_location import LocationError, LogLocation
 
     config = load_config(args.config, args.overrides)
-    url = args.store or config.store.location(args.output)
-    if url is None:
-        print("flink-memory: the store is off (store.enabled: false)", file=sys.stderr)
-        return 2
     try:
         location = LogLocation(args.output)
         found = location.check()
+        descriptor = read_descriptor(args.output)
     except LocationError as exc:
         print(f"flink-memory: {exc}", file=sys.stderr)
+        return 2
+    if descriptor is None:  # (a job of a release before flink-memory.json: the flags say it all)
+        url = args.store or config.store.location(args.output)
+    else:
+        url, config = follow_descriptor(descriptor, args, config)
+    if url is None:
+        print("flink-memory: the store is off (store.enabled: false)", file=sys.stderr)
         return 2
     if not found and not args.follow:
         print(f"flink-memory: no memory log at {location.uri}: has a job written to --output {args.output}? "
@@ -244,6 +249,42 @@ def apply_log(args: argparse.Namespace) -> int:
               + ("" if found else " (nothing there yet: waiting for the job)"), file=sys.stderr)
         applier.follow(stop, args.every)
     return 0
+
+
+def follow_descriptor(descriptor: Any, args: argparse.Namespace, config: Any) -> tuple[str | None, Any]:
+    """The store and the embeddings the job at --output writes (its flink-memory.json): a --store, --config or
+    --set that names another is an error, never a second store. A password left out of the descriptor comes
+    from --store, store.url, or PostgreSQL's own PGPASSWORD / ~/.pgpass."""
+    from flink_memory.databases import redact_url
+    from flink_memory.history import LOG_FORMAT, HistoryError, embeddings_name
+
+    where = f"{args.output.rstrip('/')}/flink-memory.json"
+    if descriptor.log_format > LOG_FORMAT:
+        raise HistoryError(f"{where}: log format {descriptor.log_format} is newer than this release reads "
+                           f"({LOG_FORMAT}): upgrade flink-memory")
+    if descriptor.store is None:
+        return None, config
+    given = args.store or config.store.url
+    if given is not None and not _same_store(given, descriptor.store):
+        raise HistoryError(f"the job at {args.output} writes its memory to {descriptor.store}, not "
+                           f"{redact_url(given)}: apply its output to its own store (leave out --store)")
+    url = given if given is not None else descriptor.store.replace(":***@", "@")
+    named = embeddings_name(config.embeddings.provider, config.embeddings.model)
+    if (args.config or any(o.startswith("embeddings.") for o in args.overrides)) and named != descriptor.embeddings:
+        raise HistoryError(f"the job at {args.output} embeds with {descriptor.embeddings}, not {named}: leave out "
+                           "the embeddings settings (they come from its flink-memory.json)")
+    provider, _, model = descriptor.embeddings.partition(":")
+    embeddings = config.embeddings.model_copy(update={"provider": provider,
+                                                      "model": None if model in ("", "default") else model})
+    return url, config.model_copy(update={"embeddings": embeddings})
+
+
+def _same_store(given: str, recorded: str) -> bool:
+    from flink_memory.databases import is_postgres, redact_url, sqlite_path
+
+    if is_postgres(given):
+        return redact_url(given) == recorded or given == recorded.replace(":***@", "@")
+    return str(sqlite_path(given).resolve()) == recorded
 
 
 def serve_llm(args: argparse.Namespace) -> int:

@@ -25,7 +25,7 @@ from pyflink.datastream.connectors.file_system import (
     StreamFormat,
 )
 
-from flink_memory import budgets
+from flink_memory import budgets, history
 from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import DEAD_LETTER_TAG, KEYED, ParseRecords, StageFunction, output_tag
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
@@ -164,14 +164,16 @@ def _check_execution_mode(stream: DataStream, config: Config) -> None:
 
 
 def add_memory_operators(stream: DataStream, config: Config, output_dir: str | None = None, *,
-                         bounded: bool = False, parse: ParseRecords | None = None) -> MemoryStreams:
+                         bounded: bool = False, parse: ParseRecords | None = None,
+                         rebase: list[str] | None = None) -> MemoryStreams:
     """Add parse, plan, batch and merge to `stream` (JSON strings, dicts or our record models).
 
     Returns the summary nodes, manifests, dead letters and store rows as DataStreams of JSON strings. The operator
     uids are fixed (see UIDS), so a job that embeds these operators can restore their state. `bounded`
     (the input ends, e.g. a file read once): partial batches close and globals are made when the input
     ends, not on timeouts; otherwise `batching.flush_after_s` and `summarization.global_refresh_s` apply.
-    `parse`: the function that reads `stream`'s elements (e.g. Kafka rows), instead of JSON lines.
+    `parse`: the function that reads `stream`'s elements (e.g. Kafka rows), instead of JSON lines. `rebase`:
+    agents whose logs open this job's branch at once (a restore: flink_memory.history.held_agents).
     """
     budgets.check(config)
     check_drill(config)
@@ -186,6 +188,10 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     channels: dict[str, list[DataStream]] = {}
     for index, spec in enumerate(STAGES):  # (the last stage's records leave the job: JSON alone, not keyed)
         keyed = index + 1 < len(STAGES)
+        if spec.name == "batcher" and rebase:  # (the batcher tells the merger)
+            touch = stream.get_execution_environment().from_collection(
+                [(agent, "rebase", "{}") for agent in rebase], type_info=KEYED)
+            upstream = upstream.union(touch.name("rebase-agents").uid("flink-memory-rebase"))
         function = StageFunction(spec, config_json, output_dir, bounded, keyed_output=keyed)
         upstream = (upstream.key_by(lambda r: r[0], key_type=Types.STRING())
                     .process(function, output_type=KEYED if keyed else Types.STRING())
@@ -224,7 +230,11 @@ def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
 
 def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool = False,
               restore: str | None = None, rest_port: int | None = None) -> StreamExecutionEnvironment:
-    """The whole job: a file or Kafka input; files, the store and Kafka (sink.kafka) as outputs."""
+    """The whole job: a file or Kafka input; files, the store and Kafka (sink.kafka) as outputs. The job's
+    history is claimed first (flink_memory.history.start: refused, with what to do, when the output or the
+    store belongs to another job)."""
+    config = history.start(config, output_dir, restore)
+    rebase = history.held_agents(config, output_dir) if restore else []
     env = create_environment(config, output_dir, restore, rest_port)
     kafka_in = is_kafka(input_path)
     t_env = None
@@ -240,14 +250,15 @@ def build_job(config: Config, input_path: str, output_dir: str, *, follow: bool 
             raise ConfigError(f"--input {exc}") from None
         rows = kafka.kafka_source(t_env, source, config)
         streams = add_memory_operators(rows, config, output_dir, bounded=config.source.kafka.bounded,
-                                       parse=kafka.ParseKafkaValues(config.source.kafka.max_value_bytes))
+                                       parse=kafka.ParseKafkaValues(config.source.kafka.max_value_bytes),
+                                       rebase=rebase)
     else:
         streams = add_memory_operators(file_source(env, input_path, follow, config.source.follow_interval_s), config,
-                                       output_dir, bounded=not follow)
+                                       output_dir, bounded=not follow, rebase=rebase)
     add_file_sinks(streams, output_dir)
     store_url = config.store.location(output_dir)
     if store_url:
-        add_store_sink(streams, store_url, config.embeddings, config.store.applier_warn_after_s)
+        add_store_sink(streams, store_url, config.embeddings, config.store.applier_warn_after_s, config.job.branch)
     if config.sink.kafka.bootstrap_servers:
         kafka.add_kafka_sinks(t_env, streams, config, output_dir)
     return env

@@ -93,10 +93,11 @@ class WriteProvisional(ProcessFunction):
     with `warn_after_s`, watches that an applier takes the job's commits (Watcher)."""
 
     def __init__(self, url: str, embeddings: EmbeddingsConfig | None = None,
-                 warn_after_s: float | None = None) -> None:
+                 warn_after_s: float | None = None, branch: str = "") -> None:
         self.url = url
         self.embeddings = embeddings
         self.warn_after_s = warn_after_s
+        self.branch = branch  # the job's (flink_memory.history): a restarted attempt voids the failed one's rows
         self.store: MemoryStore | None = None
         self.vectors: VectorBackfill | None = None
         self.writer: WriteBehind | None = None
@@ -109,6 +110,12 @@ class WriteProvisional(ProcessFunction):
         inline = embedder is not None and embedder.inline  # (else vectors follow on a thread of their own)
         self.store = open_store(self.url, create=True, embedder=embedder if inline else None)
         self.vectors = VectorBackfill(self.url, embedder) if embedder is not None and not inline else None
+        try:  # (PyFlink 2.3's thread mode lacks it: pemja finds no getAttemptNumber; then commits alone undo)
+            attempt: int | None = runtime_context.get_attempt_number()
+        except Exception:  # noqa: BLE001 - an attribute error raised through pemja
+            attempt = None
+        if self.branch and attempt is not None:  # (this store then writes as this attempt)
+            self.store.restart_attempt(self.branch, attempt)
         self.writer = WriteBehind(self.store, self.vectors.name if self.vectors is not None else None)
         self.watcher = Watcher(self.url, self.warn_after_s) if self.warn_after_s is not None else None
         self.tally = Tally(runtime_context.get_metrics_group().add_group("flink_memory"))
@@ -145,12 +152,12 @@ class WriteProvisional(ProcessFunction):
 
 
 def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfig | None = None,
-                   warn_after_s: float | None = None) -> DataStream | None:
+                   warn_after_s: float | None = None, branch: str = "") -> DataStream | None:
     """Show the unit rows of `streams.memory_log` at once, as provisional rows, in the store at `url` (SQLite
     path or postgresql:// URL), embedded with `embeddings` (None: no vectors); with `warn_after_s`, log when
-    no applier has taken a commit for that long. Returns the terminal operator's (empty) stream; None without
-    a memory log."""
+    no applier has taken a commit for that long; `branch`: the job's (config.job.branch). Returns the terminal
+    operator's (empty) stream; None without a memory log."""
     if streams.memory_log is None:
         return None
-    function = WriteProvisional(url, embeddings, warn_after_s)
+    function = WriteProvisional(url, embeddings, warn_after_s, branch)
     return streams.memory_log.process(function).name("sink-store").uid(STORE_SINK_UID)

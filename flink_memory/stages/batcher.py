@@ -35,9 +35,19 @@ from flink_memory.stages.batcher_state import (
     UnitHome,
 )
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
-from flink_memory.stages.messages import ForgetAgent, HoldNodes, Retract, StageMessage
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, Retract, StageMessage
 from flink_memory.stages.protocol import Culprit
-from flink_memory.stages.unit_rows import UnitRows, accepted, dropped, forgotten, log_line
+from flink_memory.stages.unit_rows import (
+    Base,
+    Lineage,
+    Snapshot,
+    UnitRows,
+    accepted,
+    dropped,
+    forgotten,
+    fork_line,
+    log_line,
+)
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, ClosedBatch, unit_entry
@@ -56,12 +66,16 @@ class BatcherCore(BatchRevisions):
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
         self.editable_ms = int(config.memory.editable_for * 1000)
         self.log_nodes = config.summarization.retention != "global_only"  # (the merger writes the same nodes)
+        self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
 
     # --- activations ---------------------------------------------------------------------------------
 
     def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
-        effects = Effects()
+        effects = self._rebase(state, meta, Effects())
+        if isinstance(message, Rebase):  # (done above; the merger's log too)
+            effects.out.append(message)
+            return self._finish(state, buffer, meta, effects, now_ms)
         if isinstance(message, ForgetAgent):
             self._forget(state, buffer, meta, effects)
             return self._finish(state, buffer, meta, effects, now_ms)
@@ -87,7 +101,7 @@ class BatcherCore(BatchRevisions):
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
-        effects = Effects()
+        effects = self._rebase(state, meta, Effects())
         self._release(state, buffer, meta, finished, now_ms, effects)
         due = self._flush_due(buffer, meta)
         if buffer.count and due is not None and now_ms >= due:
@@ -112,8 +126,8 @@ class BatcherCore(BatchRevisions):
 
         A batch being summarized again (after a change) gives up too: its remaining units become dead
         letters and an empty node replaces it, so no retracted text stays live and no failing job stays."""
-        effects = Effects()
         buffer, meta = self._load(state)
+        effects = self._rebase(state, meta, Effects())
         gone: list[MemoryUnit] = []
         for seq in list(meta.resummarizing):
             meta.resummarizing.remove(seq)
@@ -166,6 +180,23 @@ class BatcherCore(BatchRevisions):
 
     def _load(self, state: StateTransaction) -> tuple[BatchBuffer, BatcherMeta]:
         return state.get(BUFFER, BatchBuffer) or BatchBuffer(), state.get(META, BatcherMeta) or BatcherMeta()
+
+    def _rebase(self, state: StateTransaction, meta: BatcherMeta, effects: Effects) -> Effects:
+        """The first activation of an agent in this job's branch (a fresh start, or any restore) opens the branch
+        of its log: an entry with where the log stood and the units this batcher holds of the agent (each with
+        the batch node covering it), so the store can drop what an abandoned branch applied after that point,
+        and a new store needs nothing written before."""
+        if not self.lineage.branch or meta.branch == self.lineage.branch:
+            return effects
+        base = Base(branch=meta.branch, seq=meta.log_seq)
+        held: list[tuple[MemoryUnit, str | None]] = [(stored.unit, None) for _, stored in state.items(UNITS)]
+        held += [(unit, None) for _, batch in state.items(BATCHES) for unit in batch.units]
+        held += [(unit, done.live) for _, done in state.items(DONE) for unit in done.units]
+        meta.history, meta.branch = meta.history or self.lineage.history, self.lineage.branch
+        meta.log_seq += 1
+        effects.emit(MEMORY_LOG, fork_line("batcher", state.key, meta.log_seq, _lineage(meta), base,
+                                           Snapshot(units=held)))
+        return effects
 
     def _flush_due(self, buffer: BatchBuffer, meta: BatcherMeta) -> int | None:
         """When the open batch must close: now at the end of input, after the timeout on unbounded input."""
@@ -245,7 +276,8 @@ class BatcherCore(BatchRevisions):
         effects.out.append(node)
         if self.log_nodes:
             meta.log_seq += 1
-            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", node.model_dump_json()))
+            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", node.model_dump_json(),
+                                              _lineage(meta)))
 
     def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
               replaces: list[str] | None = None) -> SummaryNode:
@@ -337,8 +369,13 @@ def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None
     the batch nodes this batcher logs."""
     for message in messages:
         meta.log_seq += 1
-        line = message.model_copy(update={"seq": meta.log_seq}).model_dump_json()
-        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line))
+        numbered = {"seq": meta.log_seq, "history": meta.history, "branch": meta.branch}
+        line = message.model_copy(update=numbered).model_dump_json()
+        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line, _lineage(meta)))
+
+
+def _lineage(meta: BatcherMeta) -> Lineage:
+    return Lineage(history=meta.history, branch=meta.branch)
 
 
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:

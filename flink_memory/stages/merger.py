@@ -37,9 +37,9 @@ from flink_memory.stages.merger_state import (
     ParentJob,
     StoredNode,
 )
-from flink_memory.stages.messages import ForgetAgent, HoldNodes, StageMessage
+from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, StageMessage
 from flink_memory.stages.protocol import Culprit
-from flink_memory.stages.unit_rows import log_line
+from flink_memory.stages.unit_rows import Base, Lineage, Snapshot, fork_line, log_line
 from flink_memory.state import StateTransaction
 from flink_memory.state_layout import dump_model
 from flink_memory.summarize.reduce import ReduceJob
@@ -62,12 +62,15 @@ class MergerCore(TreeRevisions):
         self.refresh_ms = None if bounded else int(config.summarization.global_refresh_s * 1000)
         self.merge_target = Rooms.from_config(config, factory.budget).child_target
         self.editable_ms = int(config.memory.editable_for * 1000)
+        self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
 
     # --- activations ---------------------------------------------------------------------------------
 
     def on_input(self, state: StateTransaction, message: StageMessage, finished: Finished, now_ms: int) -> Effects:
         tree, schedule = self._load(state)
-        effects = Effects()
+        effects = self._rebase(state, Effects())
+        if isinstance(message, Rebase):  # (done above)
+            return self._settle(state, tree, schedule, effects)
         if isinstance(message, ForgetAgent):
             self._forget(state, tree, schedule, effects)
             return self._settle(state, tree, schedule, effects)
@@ -86,20 +89,21 @@ class MergerCore(TreeRevisions):
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         tree, schedule = self._load(state)
+        effects = self._rebase(state, Effects())
         self._sweep(state, tree, schedule, now_ms)
-        return self._advance(state, tree, schedule, finished, now_ms, Effects())
+        return self._advance(state, tree, schedule, finished, now_ms, effects)
 
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         tree, schedule = self._load(state)
         schedule.ended = True
-        return self._advance(state, tree, schedule, finished, now_ms, Effects())
+        return self._advance(state, tree, schedule, finished, now_ms, self._rebase(state, Effects()))
 
     def evict(self, state: StateTransaction, reason: str, culprit: Culprit | None = None) -> Effects:
         """Running merges, the running global and the node the activation brought become dead letters; each
         merge is made without a call from its children's texts, joined in order (condensed above if long): no
         child drops out, and a revision given up still replaces the merge it remade (retracted facts)."""
-        effects = Effects()
         tree, schedule = self._load(state)
+        effects = self._rebase(state, Effects())
         if (pending := state.get(GLOBAL, ParentJob)) is not None:
             effects.dead_letters.append(_dead_job(pending, reason, state.key))
             state.set(GLOBAL, None)
@@ -216,10 +220,33 @@ class MergerCore(TreeRevisions):
         written = [n for n in effects.out if isinstance(n, SummaryNode) and n.kind != "batch"]
         if written:
             position = state.get(LOG, LogPosition) or LogPosition()
+            lineage = Lineage(history=position.history, branch=position.branch)
             for node in written:
                 position.seq += 1
-                effects.emit(MEMORY_LOG, log_line("merger", state.key, position.seq, "node", node.model_dump_json()))
+                effects.emit(MEMORY_LOG, log_line("merger", state.key, position.seq, "node", node.model_dump_json(),
+                                                  lineage))
+                if node.kind == "global" and self.lineage.branch:
+                    position.current = node
             state.set(LOG, position)
+        return effects
+
+    def _rebase(self, state: StateTransaction, effects: Effects) -> Effects:
+        """The first activation of an agent in this job's branch opens the branch of its merger log: an entry
+        with where the log stood and the nodes this merger holds of the agent (as retention writes them) and its
+        last global (stages.batcher.BatcherCore._rebase does the same for the batcher's log)."""
+        position = state.get(LOG, LogPosition) or LogPosition()
+        if not self.lineage.branch or position.branch == self.lineage.branch:
+            return effects
+        base = Base(branch=position.branch, seq=position.seq)
+        held = [stored.node for _, stored in state.items(NODES) if stored.node.kind in self.keep]
+        if position.current is not None and position.current.node_id not in {n.node_id for n in held}:
+            held.append(position.current)
+        position.history, position.branch = position.history or self.lineage.history, self.lineage.branch
+        position.seq += 1
+        effects.emit(MEMORY_LOG, fork_line("merger", state.key, position.seq,
+                                           Lineage(history=position.history, branch=position.branch), base,
+                                           Snapshot(nodes=held if base.seq else [])))
+        state.set(LOG, position)
         return effects
 
     # --- the global summary --------------------------------------------------------------------------

@@ -38,9 +38,13 @@ class MergerSchedule(BaseModel):
 
 
 class LogPosition(BaseModel):
-    """How many entries of the agent's memory log were written (the `seq` of the last one)."""
+    """How many entries of the agent's merger log were written (the `seq` of the last one), in which history and
+    branch (stages.unit_rows.Lineage), and the last global it wrote (what a new branch's snapshot carries)."""
 
     seq: int = 0
+    history: str = ""
+    branch: str = ""
+    current: SummaryNode | None = None
 
 
 class StoredNode(BaseModel):
@@ -116,8 +120,12 @@ class MergerScheduleV2(StateModel):
 
 class LogPositionV2(StateModel):
     stores: ClassVar = LogPosition
+    added: ClassVar = frozenset({"history", "branch", "current"})  # (stages.unit_rows.Lineage)
 
     seq: int = 0
+    history: str = ""
+    branch: str = ""
+    current: SummaryNode | None = None
 
 
 class StoredNodeV2(StateModel):

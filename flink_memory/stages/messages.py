@@ -42,7 +42,12 @@ class EndOfInput(_Control):
     """This agent's input has ended at the stage before (a bounded input): close what is open, do not wait."""
 
 
-Control = Retract | ForgetAgent | HoldNodes | EndOfInput
+class Rebase(_Control):
+    """The job was restored: the agent's logs open this job's branch now, input or not (stages.unit_rows), so a
+    store that applied an abandoned branch of it follows the restored one without waiting for its input."""
+
+
+Control = Retract | ForgetAgent | HoldNodes | EndOfInput | Rebase
 StageMessage = InputRecord | MemoryUnit | SummaryNode | Control
 
 _MODELS: dict[str, type[BaseModel]] = {
@@ -53,6 +58,7 @@ _MODELS: dict[str, type[BaseModel]] = {
     "forget-agent": ForgetAgent,
     "hold": HoldNodes,
     "end": EndOfInput,
+    "rebase": Rebase,
 }
 _TAGS: dict[type[BaseModel], str] = {model: tag for tag, model in _MODELS.items()}
 END = EndOfInput()

@@ -22,6 +22,8 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import MemoryUnit, SummaryNode
 
+BRANCH_ID = r"^[0-9a-z]*$"  # (history and branch ids are time-ordered: flink_memory.history.new_id)
+
 
 class UnitStore(Protocol):
     """What `apply` needs of a store (tests/stagekit.py's in-memory table has it)."""
@@ -44,6 +46,8 @@ class UnitRows(BaseModel):
     rows: Literal["units"] = "units"  # (kept: the memory logs written so far carry it)
     agent_id: str
     seq: int = 0
+    history: str = Field("", pattern=BRANCH_ID)  # the history and branch of the batcher log that holds it
+    branch: str = Field("", pattern=BRANCH_ID)
     forget: bool = False
     delete: list[str] = Field(default_factory=list)
     upsert: list[MemoryUnit] = Field(default_factory=list)
@@ -60,23 +64,73 @@ class UnitRows(BaseModel):
 Writer = Literal["batcher", "merger"]
 
 
+class Lineage(BaseModel):
+    """Which history a job writes: `history` is minted when a job starts without a restore and kept by its
+    restores; `branch` is minted at every submission (time-ordered: a later submission's sorts after), so a
+    job restored from any savepoint writes a branch of its own. Failover restarts keep the branch: what a
+    failed attempt wrote after its last checkpoint was never committed."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    history: str = Field("", pattern=BRANCH_ID)  # "" (and branch ""): a log written before histories
+    branch: str = Field("", pattern=BRANCH_ID)
+
+
+class Base(BaseModel):
+    """Where a writer's log of an agent stood when a branch took it over: the branch and seq its state held
+    ("" and 0: nothing; the log starts with this branch)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    branch: str = Field("", pattern=BRANCH_ID)
+    seq: int = 0
+
+
+class Snapshot(BaseModel):
+    """What a writer holds of an agent when its branch takes the log over: the batcher its units (with the batch
+    node covering each, None while unbatched), the merger the nodes it holds and its current global. With it the
+    branch's log needs nothing written before it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    units: list[tuple[MemoryUnit, str | None]] = Field(default_factory=list)
+    nodes: list[SummaryNode] = Field(default_factory=list)
+
+
 class LogEntry(BaseModel):
-    """One line of the memory log (`<output>/memory/`): the `seq`-th entry of the agent's log `by` one writer,
-    a node or unit rows. Whichever files and subtasks hold a log, its committed entries are 1..n, so an
-    applier applies each once, in order, by comparing `seq` with the position it stored."""
+    """One line of the memory log (`<output>/memory/`): the `seq`-th entry of the agent's log `by` one writer
+    in one branch of one history, a node, unit rows, or the branch's first entry (`base`: where the log stood
+    before it, and the writer's `snapshot`). Whichever files and subtasks hold a log, the committed entries
+    of a branch follow its base with no gap, so an applier applies each once, in order, by comparing
+    (branch, seq) with the position it stored."""
 
     model_config = ConfigDict(extra="forbid")
 
     by: Writer
     agent_id: str
     seq: int
+    history: str = Field("", pattern=BRANCH_ID)
+    branch: str = Field("", pattern=BRANCH_ID)
+    base: Base | None = None
+    snapshot: Snapshot | None = None
     node: SummaryNode | None = None
     units: UnitRows | None = None
 
 
-def log_line(by: Writer, agent_id: str, seq: int, field: Literal["node", "units"], line: str) -> str:
+NO_LINEAGE = Lineage()  # (a log written before histories)
+
+
+def log_line(by: Writer, agent_id: str, seq: int, field: Literal["node", "units"], line: str,
+             lineage: Lineage = NO_LINEAGE) -> str:
     """A LogEntry's JSON around a node's or UnitRows' JSON, without parsing it again."""
-    return f'{{"by":"{by}","agent_id":{json.dumps(agent_id, ensure_ascii=False)},"seq":{seq},"{field}":{line}}}'
+    return (f'{{"by":"{by}","agent_id":{json.dumps(agent_id, ensure_ascii=False)},"seq":{seq},'
+            f'"history":"{lineage.history}","branch":"{lineage.branch}","{field}":{line}}}')
+
+
+def fork_line(by: Writer, agent_id: str, seq: int, lineage: Lineage, base: Base, snapshot: Snapshot) -> str:
+    """The first entry of a branch's log of an agent."""
+    return LogEntry(by=by, agent_id=agent_id, seq=seq, history=lineage.history, branch=lineage.branch, base=base,
+                    snapshot=snapshot).model_dump_json()
 
 
 def accepted(unit: MemoryUnit) -> UnitRows:

@@ -9,6 +9,11 @@ continue each agent's stored positions (one per log), with the new positions and
 restarted or second applier compares positions and can neither skip nor repeat an entry. Entries that wait for an
 earlier one (in a file not seen yet, e.g. after a rescale) are kept until it comes.
 
+Positions are (branch, seq) of a history (flink_memory.history): after a restore the folder may hold several
+branches of an agent's log; the applier follows the newest branch's lineage (the older branch up to where the
+newer one left it, then the newer one), and drops the entries of branches it left. A new log of an agent in
+another history than the store's is refused (`refused`, logged), never mixed in.
+
 Run it beside the job: `flink-memory run` does; on a cluster, `flink-memory apply --output DIR --follow`.
 """
 
@@ -20,6 +25,8 @@ import time
 from collections import defaultdict
 from collections.abc import Callable
 from pathlib import Path
+
+from pydantic import ValidationError
 
 from flink_memory.stages.unit_rows import LogEntry
 from flink_memory.store.lag import Lag
@@ -35,6 +42,8 @@ log = logging.getLogger(__name__)
 AGENTS_PER_TRANSACTION = 500
 LAG_EVERY_S = 5.0  # how often the applier records its lag in the store (store.applier_lag())
 EXPIRE_EVERY_S = 600.0  # how often retired files past their retention are looked for
+LogKey = tuple[str, str]  # (agent, writer)
+Place = tuple[str, int]  # (branch, seq)
 
 
 class LogApplier:
@@ -54,16 +63,19 @@ class LogApplier:
         self.retention_s = retention_s
         self.clock = clock
         self.applied = store.applied_files()
-        # per log (agent, writer): entries read and not applied yet, by seq
-        self.waiting: dict[tuple[str, str], dict[int, LogEntry]] = defaultdict(dict)
-        self.unfinished: dict[str, dict[tuple[str, str], int]] = {}  # files read, not applied to the end: last seqs
-        self.positions: dict[tuple[str, str], int] = {}
+        # per log (agent, writer): entries read and not applied yet, by (branch, seq)
+        self.waiting: dict[LogKey, dict[Place, LogEntry]] = defaultdict(dict)
+        self.unfinished: dict[str, set[tuple[LogKey, Place]]] = {}  # files read, not applied to the end: entries
+        self.positions: dict[LogKey, Place] = {}
+        self.histories: dict[str, str] = {}  # per agent: the history its logs belong to in the store
+        self.refused: dict[str, str] = {}  # agents whose entries belong to another history than the store's: why
         self.entries = 0  # entries applied by this applier
         self.retired = 0  # files this applier moved out of the log's folder
         self.lag = Lag(log=self.log_dir)
         self._lag_recorded = 0.0
         self._expired = 0.0
         self._listed: list[LogFile] = []
+        self.skipped: list[tuple[str, int, str]] = []  # (file, line or 0 for all of it, why): not log entries
 
     def committed_files(self) -> list[LogFile]:
         """Committed part files not applied yet, oldest first."""
@@ -131,43 +143,95 @@ class LogApplier:
                          self.location.retired_path)
 
     def _read(self, name: str) -> None:
+        """Take a file's entries. A line that is no log entry (a corrupt or foreign file) is reported with the
+        file's name and skipped: the other agents go on, and an agent whose entry it was waits at that gap."""
+        held: set[tuple[LogKey, Place]] = set()
         try:
-            text = self.location.read_text(name)
+            data = self.location.read_bytes(name)
         except OSError:
             if not self.location.exists(name):  # another applier applied and retired it since the listing
                 return
             raise
-        last: dict[tuple[str, str], int] = {}
-        for line in text.splitlines():
-            if line.strip():
+        try:
+            lines = data.decode("utf-8").splitlines()
+        except UnicodeDecodeError as exc:
+            lines = []
+            self._skip(name, 0, f"not UTF-8 text ({exc.reason})")
+        for number, line in enumerate(lines, 1):
+            if not line.strip():
+                continue
+            try:
                 entry = LogEntry.model_validate_json(line)
-                log_key = (entry.agent_id, entry.by)
-                self.waiting[log_key][entry.seq] = entry
-                last[log_key] = max(last.get(log_key, 0), entry.seq)
-        self.unfinished[name] = last
+            except ValidationError as exc:
+                error = exc.errors()[0]
+                where = ".".join(str(part) for part in error["loc"])
+                self._skip(name, number, f"{where}: {error['msg']}" if where else error["msg"])
+                continue
+            log_key, place = (entry.agent_id, entry.by), (entry.branch, entry.seq)
+            self.waiting[log_key][place] = entry
+            held.add((log_key, place))
+        self.unfinished[name] = held
 
-    def _position(self, log_key: tuple[str, str]) -> int:
+    def _skip(self, name: str, line: int, reason: str) -> None:
+        where = f"{name}, line {line}" if line else name
+        self.skipped.append((name, line, reason))
+        log.error("skipped %s in %s: it is no memory-log entry (%s); the agents it does not concern go on",
+                  where, self.log_dir, reason)
+
+    def _position(self, log_key: LogKey) -> Place:
         if log_key not in self.positions:
-            merger, batcher = self.store.log_position(log_key[0])
-            self.positions[(log_key[0], "merger")], self.positions[(log_key[0], "batcher")] = merger, batcher
+            stored = self.store.log_positions(log_key[0])
+            self.positions[(log_key[0], "merger")] = stored.merger
+            self.positions[(log_key[0], "batcher")] = stored.batcher
+            self.histories[log_key[0]] = stored.history
         return self.positions[log_key]
+
+    def _next_run(self, log_key: LogKey, entries: dict[Place, LogEntry]) -> list[LogEntry]:
+        """The entries of this log to apply next (and the ones no longer wanted dropped): the stored branch's
+        next ones; or, when a newer branch's first entry is here, the stored branch's up to where the new
+        branch left it (if they are here) and then the new branch (rather than an older branch's later entries:
+        an abandoned history, e.g. after a restore of an older savepoint)."""
+        branch, at = self._position(log_key)
+        for place in [p for p in entries if (p[0] == branch and p[1] <= at) or p[0] < branch]:
+            del entries[place]  # applied before (another applier), or of a branch the store left
+        forks = {e.branch: e for e in entries.values() if e.base is not None and e.branch > branch}
+        if not forks:
+            return _consecutive(entries, branch, at)
+        path = [forks[max(forks)]]
+        while path[-1].base is not None and path[-1].base.branch in forks:
+            path.append(forks[path[-1].base.branch])
+        first = path[-1]
+        assert first.base is not None
+        if self._foreign(first, log_key):
+            for place in [p for p in entries if p[0] == first.branch]:
+                del entries[place]
+            return []
+        if first.base.branch == branch and first.base.seq > at and (branch, at + 1) in entries:
+            return _consecutive(entries, branch, at, until=first.base.seq)  # (the branch up to the fork first)
+        until = path[-2].base.seq if len(path) > 1 and path[-2].base is not None else None
+        return [first, *_consecutive(entries, first.branch, first.seq, until=until)]
+
+    def _foreign(self, first: LogEntry, log_key: LogKey) -> bool:
+        """A log that starts anew (its base is nothing) in another history than the one the store holds this
+        agent in: another job's memory of the same agent id. Refused, with a reason, never mixed in."""
+        assert first.base is not None
+        agent, stored = log_key[0], self.histories.get(log_key[0], "")
+        if first.base.seq or not stored or first.history == stored or self._position(log_key) == ("", 0):
+            return False
+        if agent not in self.refused:
+            self.refused[agent] = (f"the store holds {agent!r} of history {stored}, and {self.log_dir} has a new "
+                                   f"log of it in history {first.history}: another job's memory of this agent")
+            log.error("refused %s: %s. Give each job a store of its own (store.url), or restore the job that "
+                      "wrote history %s", agent, self.refused[agent], stored)
+        return True
 
     def _apply(self) -> None:
         while True:  # (again after a conflict: another applier moved some positions)
-            runs: dict[tuple[str, str], list[LogEntry]] = {}
-            moved: dict[tuple[str, str], int] = {}
-            for log_key, entries in self.waiting.items():
-                at = self._position(log_key)
-                for seq in [seq for seq in entries if seq <= at]:  # applied before (another applier)
-                    del entries[seq]
-                run = []
-                while (at + 1) in entries:
-                    at += 1
-                    run.append(entries[at])
-                if run:
-                    runs[log_key], moved[log_key] = run, at
-            finished = [name for name, last in self.unfinished.items()
-                        if all(seq <= moved.get(log_key, self._position(log_key)) for log_key, seq in last.items())]
+            runs = {log_key: run for log_key, entries in self.waiting.items()
+                    if (run := self._next_run(log_key, entries))}
+            taken = {(log_key, (e.branch, e.seq)) for log_key, run in runs.items() for e in run}
+            left = {(log_key, place) for log_key, entries in self.waiting.items() for place in entries} - taken
+            finished = [name for name, held in self.unfinished.items() if not held & left]
             if not runs and not finished:
                 return
             agents = sorted({agent for agent, _ in runs})
@@ -178,9 +242,10 @@ class LogApplier:
                     mine = {log_key: run for log_key, run in runs.items() if log_key[0] in chunk}
                     self.store.apply_log(mine, finished if last else ())
                     for log_key, run in mine.items():
-                        self.positions[log_key] = moved[log_key]
+                        self.positions[log_key] = (run[-1].branch, run[-1].seq)
+                        self.histories[log_key[0]] = run[-1].history or self.histories.get(log_key[0], "")
                         for entry in run:
-                            del self.waiting[log_key][entry.seq]
+                            del self.waiting[log_key][(entry.branch, entry.seq)]
                         self.entries += len(run)
                     if self.store.embedder is not None and not self.store.embeds_in_writes and chunk:
                         self.store.embed_pending(sorted(chunk))
@@ -192,6 +257,15 @@ class LogApplier:
                 self.applied.add(name)
             self.waiting = defaultdict(dict, {a: e for a, e in self.waiting.items() if e})
             return
+
+
+def _consecutive(entries: dict[Place, LogEntry], branch: str, after: int, until: int | None = None) -> list[LogEntry]:
+    """The entries of `branch` that follow seq `after` with no gap (up to seq `until`)."""
+    run = []
+    while (branch, after + 1) in entries and (until is None or after < until):
+        after += 1
+        run.append(entries[(branch, after)])
+    return run
 
 
 def apply_committed(store: MemoryStore, output_dir: str | Path) -> int:

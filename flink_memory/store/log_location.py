@@ -116,9 +116,9 @@ class LogLocation:
     def exists(self, name: str) -> bool:
         return bool(self.fs.get_file_info(f"{self.path}/{name}").type != pafs.FileType.NotFound)
 
-    def read_text(self, name: str) -> str:
+    def read_bytes(self, name: str) -> bytes:
         with self.fs.open_input_stream(f"{self.path}/{name}") as stream:
-            return stream.read().decode("utf-8")
+            return stream.read()
 
     def retire(self, names: list[str]) -> None:
         """Move applied files out of the polled folder into the retired one (a rename on local disks; a copy

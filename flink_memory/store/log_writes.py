@@ -7,11 +7,18 @@ log), and a deletion or a forget hides the unit's committed rows at once (kind `
 pending deletion, so that no older committed write shows them again; the commit that reaches their place
 removes the provisional rows and the pending deletions and shows a hidden unit again unless it deleted it. A
 provisional write behind the committed position changes nothing (a slow writer, a zombie attempt).
+
+Positions are (branch, seq) per log (stages.unit_rows.Lineage). A branch's first entry (its `base`: where the
+log stood) that does not continue the stored position is a restore of another point: the rows and replacements
+that the log's entries outside the new branch's lineage wrote are dropped (each row records the entry that
+wrote it last), and the entry's snapshot (what the job holds of the agent) is written. Provisional rows, hidden
+rows and pending deletions of an older branch are void at the first commit of a newer one.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from flink_memory.store.lag import Lag
@@ -19,6 +26,7 @@ from flink_memory.store.rules import UNIT_PREFIX, PositionConflict
 from flink_memory.store.schema import (
     APPLIED,
     APPLIED_FILE,
+    BRANCHES_OF,
     CONFIRMED_DELETES,
     CONFIRMED_PENDING,
     DELETE_UNIT,
@@ -27,13 +35,27 @@ from flink_memory.store.schema import (
     FORGET_UNITS,
     HIDE_UNIT,
     HIDE_UNITS,
+    MARK_REPLACED,
+    MARK_ROW,
     META,
+    META_VALUE,
+    NODES,
     PENDING_DELETE,
     PENDING_PREFIX,
     POSITION,
+    RECORD_BRANCH,
+    REPLACED,
+    SET_ATTEMPT,
+    SET_COVER,
+    SET_META,
     SET_POSITION,
     UNHIDE,
     UPSERT_PENDING,
+    VOID_AGENTS,
+    VOID_DELETES,
+    VOID_HIDDEN,
+    VOID_PENDING,
+    off_chain,
     unit_row,
 )
 from flink_memory.store.writes import StoreWrites
@@ -44,79 +66,143 @@ SET_LAG = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT (key) DO U
 if TYPE_CHECKING:
     from flink_memory.stages.unit_rows import LogEntry, UnitRows
 
+Statements = list[tuple[str, tuple[Any, ...]]]
+WRITERS = ("merger", "batcher")
+
+
+@dataclass(frozen=True)
+class Positions:
+    """Where an agent's two logs stand in the store: (branch, last applied seq) each, and their history."""
+
+    merger: tuple[str, int] = ("", 0)
+    batcher: tuple[str, int] = ("", 0)
+    history: str = ""
+
+    def of(self, by: str) -> tuple[str, int]:
+        return self.merger if by == "merger" else self.batcher
+
+    @property
+    def row(self) -> tuple[Any, ...]:
+        return (self.merger[1], self.batcher[1], self.merger[0], self.batcher[0], self.history)
+
 
 class LogWrites(StoreWrites):
     """Committed log runs and provisional unit rows (a part of MemoryStore)."""
 
-    def _rows_statements(self, rows: UnitRows) -> list[tuple[str, tuple[Any, ...]]]:
+    def _rows_statements(self, rows: UnitRows) -> Statements:
         """A committed unit-rows message: what UnitRows.apply does, as statements of one transaction."""
-        statements: list[tuple[str, tuple[Any, ...]]] = []
+        statements: Statements = []
         if rows.forget:
             statements.append((self._sql(FORGET_UNITS), (rows.agent_id,)))
         statements += [(self._sql(DELETE_UNIT), (rows.agent_id, UNIT_PREFIX + u)) for u in rows.delete]
-        return statements + self._unit_statements(rows.upsert, rows.seq)
+        return statements + self._unit_statements(rows.upsert, rows.seq, rows.branch)
+
+    writer_attempt = 0  # the attempt of the job's task this store writes provisional rows for (restart_attempt)
 
     def write_provisional(self, messages: UnitRows | list[UnitRows]) -> None:
         """Show unit-rows messages at once, before their commit, in one transaction: accepted units as provisional
         rows; a deletion or a forget removes the units' rows now and stays pending until the commit that reaches
         its `seq`."""
         messages = messages if isinstance(messages, list) else [messages]
-        statements: list[tuple[str, tuple[Any, ...]]] = []
+        attempt = self.writer_attempt
+        statements: Statements = []
         for rows in messages:
-            agent, ahead = rows.agent_id, (rows.seq, rows.agent_id)
+            agent, seq, branch = rows.agent_id, rows.seq, rows.branch
+            ahead = (seq, rows.history, branch, branch, agent, attempt, branch)
             if rows.forget:
-                statements += [(self._sql(HIDE_UNITS), (rows.seq, agent, *ahead)),
+                statements += [(self._sql(HIDE_UNITS), (seq, branch, attempt, agent, branch, branch, seq, *ahead)),
                                (self._sql(DROP_ALL_PENDING), (agent, *ahead)),
-                               (self._sql(PENDING_DELETE), (agent, "*", rows.seq, *ahead))]
+                               (self._sql(PENDING_DELETE), (agent, "*", seq, branch, attempt, *ahead))]
             for unit_id in rows.delete:
-                statements += [(self._sql(HIDE_UNIT), (rows.seq, agent, UNIT_PREFIX + unit_id, *ahead)),
+                statements += [(self._sql(HIDE_UNIT), (seq, branch, attempt, agent, UNIT_PREFIX + unit_id, branch,
+                                                       branch, seq, *ahead)),
                                (self._sql(DROP_PENDING), (agent, PENDING_PREFIX + unit_id, *ahead)),
-                               (self._sql(PENDING_DELETE), (agent, unit_id, rows.seq, *ahead))]
-            statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), rows.seq, *ahead))
-                           for u in rows.upsert]
+                               (self._sql(PENDING_DELETE), (agent, unit_id, seq, branch, attempt, *ahead))]
+            statements += [(self._sql(UPSERT_PENDING), (*unit_row(u, PENDING_PREFIX), seq, branch, attempt, *ahead,
+                                                        agent, u.unit_id, branch, seq, branch)) for u in rows.upsert]
         statements += self._vector_statements([(u.agent_id, PENDING_PREFIX + u.unit_id, u.text)
                                                for rows in messages for u in rows.upsert])
         if statements:
             self._commit(sorted({rows.agent_id for rows in messages}), statements)
 
+    def restart_attempt(self, branch: str, attempt: int) -> None:
+        """The job's provisional writer (re)starts as `attempt` of `branch` (a failover keeps the branch): what an
+        earlier attempt showed and no commit took is void now (hidden units shown again, its provisional rows
+        and pending deletions gone: the replay shows its own), and a late write of one changes nothing. This
+        store's provisional writes are then of `attempt`."""
+        self.writer_attempt = attempt
+        agents = sorted(row[0] for row in self._fetch(self._sql(VOID_AGENTS), (branch, attempt)))
+        voids = (VOID_HIDDEN, VOID_PENDING, VOID_DELETES)
+        self._commit(agents, [(self._sql(sql), (branch, attempt)) for sql in (SET_ATTEMPT, *voids)])
+
     def log_position(self, agent_id: str) -> tuple[int, int]:
         """(the agent's merger log applied so far, its batcher log applied so far): their last seqs, 0 if none."""
+        positions = self.log_positions(agent_id)
+        return positions.merger[1], positions.batcher[1]
+
+    def log_positions(self, agent_id: str) -> Positions:
+        """Where the agent's logs stand: their branches and last seqs, and the history they belong to."""
         rows = self._fetch(self._sql(POSITION), (agent_id,))
-        return (int(rows[0][0]), int(rows[0][1])) if rows else (0, 0)
+        if not rows:
+            return Positions()
+        merger, batcher, merger_branch, batcher_branch, history = rows[0]
+        return Positions((merger_branch or "", int(merger)), (batcher_branch or "", int(batcher)), history or "")
+
+    def history(self) -> str | None:
+        """The history of the job this store follows (flink_memory.history), None before one claimed it."""
+        rows = self._fetch(self._sql(META_VALUE), ("history",))
+        return str(rows[0][0]) if rows else None
+
+    def claim_history(self, history: str) -> None:
+        """Record the history a job starting on this store writes (the first one's stays)."""
+        self._commit([], [(self._sql(SET_META), ("history", history))])
 
     def applied_files(self) -> set[str]:
         """The memory log's files applied to their end."""
         return {row[0] for row in self._fetch(f"SELECT name FROM {APPLIED}", ())}
 
     def apply_log(self, runs: dict[tuple[str, str], list[LogEntry]], files: Iterable[str] = ()) -> None:
-        """Apply runs of committed log entries, each the next consecutive seqs of one agent's log `by` one writer
-        ((agent, "batcher" | "merger") -> entries), record the new positions and the `files` applied to their
-        end: one transaction. An agent whose position moved meanwhile fails it all (PositionConflict)."""
-        statements: list[tuple[str, tuple[Any, ...]]] = []
+        """Apply runs of committed log entries, each the next entries of one agent's log `by` one writer
+        ((agent, "batcher" | "merger") -> entries: consecutive seqs of one branch, or a branch's first entry
+        and the seqs after it), record the new positions and the `files` applied to their end: one
+        transaction. An agent whose position moved meanwhile fails it all (PositionConflict)."""
+        statements: Statements = []
         checks: list[tuple[str, tuple[Any, ...], list[tuple[Any, ...]]]] = []
         agents = sorted({agent for (agent, _), entries in runs.items() if entries})
         for agent in agents:
-            old = self.log_position(agent)
-            new = list(old)
-            for place, by in enumerate(("merger", "batcher")):
+            old = self.log_positions(agent)
+            moved: dict[str, tuple[str, int]] = {}
+            history = old.history
+            for by in WRITERS:
                 entries = runs.get((agent, by), [])
-                if not entries:
-                    continue
-                if any(b.seq != a.seq + 1 for a, b in zip(entries, entries[1:])):
-                    raise ValueError(f"the {by} log run of {agent} has a gap: {[e.seq for e in entries]}")
-                if entries[0].seq != old[place] + 1:
-                    raise PositionConflict(f"{self.location}: the {by} log of {agent} is at {old[place]}, not "
-                                           f"{entries[0].seq - 1}")
-                for entry in entries:
-                    if entry.node is not None:
-                        statements += self._node_statements([entry.node])
+                branch, at = old.of(by)
+                for i, entry in enumerate(entries):
+                    if entry.base is not None:
+                        if i == 0 and entry.branch <= branch:  # (another applier took this branch already)
+                            raise PositionConflict(f"{self.location}: the {by} log of {agent} is at branch "
+                                                   f"{branch!r}, not before {entry.branch!r}")
+                        statements += self._fork_statements(entry, (branch, at))
+                    elif (entry.branch, entry.seq) != (branch, at + 1):
+                        if i == 0:
+                            raise PositionConflict(f"{self.location}: the {by} log of {agent} is at {branch!r}:{at}, "
+                                                   f"not {entry.branch!r}:{entry.seq - 1}")
+                        raise ValueError(f"the {by} log run of {agent} has a gap: "
+                                         f"{[(e.branch, e.seq) for e in entries]}")
+                    elif entry.node is not None:
+                        statements += self._node_statements([entry.node]) + self._marks(entry, [entry.node.node_id],
+                                                                                        entry.node.replaces)
                     elif entry.units is not None:
                         statements += self._rows_statements(entry.units)
-                new[place] = entries[-1].seq
-            checks.append((self._sql(POSITION), (agent,), [old] if old != (0, 0) else []))
-            statements += [(self._sql(UNHIDE), (agent, new[1])), (self._sql(CONFIRMED_PENDING), (agent, new[1])),
-                           (self._sql(CONFIRMED_DELETES), (agent, new[1])),
-                           (self._sql(SET_POSITION), (agent, new[0], new[1]))]
+                        statements += self._marks(entry, [UNIT_PREFIX + u.unit_id for u in entry.units.upsert])
+                    branch, at, history = entry.branch, entry.seq, entry.history or history
+                moved[by] = (branch, at)
+            new = Positions(moved["merger"], moved["batcher"], history)
+            checks.append((self._sql(POSITION), (agent,), [old.row] if old != Positions() else []))
+            (branch, at) = new.batcher
+            statements += [(self._sql(UNHIDE), (agent, branch, at, branch)),
+                           (self._sql(CONFIRMED_PENDING), (agent, branch, at, branch)),
+                           (self._sql(CONFIRMED_DELETES), (agent, branch, at, branch)),
+                           (self._sql(SET_POSITION), (agent, *new.row))]
         statements += [(self._sql(APPLIED_FILE), (name,)) for name in files]
         if statements:
             self._commit(agents, statements, checks)
@@ -132,3 +218,39 @@ class LogWrites(StoreWrites):
         except self.missing_table:
             return None
         return Lag.model_validate_json(value) if value else None
+
+    def _marks(self, entry: LogEntry, keys: list[str], replaces: Iterable[str] = ()) -> Statements:
+        """Record which entry wrote these rows and replacements (what a restore of another point drops)."""
+        mark = (entry.by, entry.branch, entry.seq, entry.agent_id)
+        return ([(self._sql(MARK_ROW), (*mark, key)) for key in keys]
+                + [(self._sql(MARK_REPLACED), (*mark, old)) for old in replaces])
+
+    def _fork_statements(self, entry: LogEntry, stored: tuple[str, int]) -> Statements:
+        """A branch's first entry: recorded; when it does not continue the stored position (a restore of an
+        older point, or a log the store never followed), the rows the log wrote outside the branch's lineage
+        go and the snapshot comes in."""
+        assert entry.base is not None
+        agent, by, base = entry.agent_id, entry.by, entry.base
+        statements: Statements = [(self._sql(RECORD_BRANCH), (agent, by, entry.branch, base.branch, base.seq))]
+        if (base.branch, base.seq) == stored:
+            return statements
+        known = {branch: (parent, int(seq)) for branch, parent, seq in self._fetch(self._sql(BRANCHES_OF), (agent, by))}
+        chain, branch = [(base.branch, base.seq)], base.branch
+        while branch in known and len(chain) <= len(known):
+            branch, seq = known[branch]
+            chain.append((branch, seq))
+        statements += [(self._sql(off_chain(NODES, chain)), (agent, by)),
+                       (self._sql(off_chain(REPLACED, chain)), (agent, by))]
+        snapshot = entry.snapshot
+        if snapshot is None:
+            return statements
+        units = [unit for unit, _ in snapshot.units]
+        statements += self._unit_statements(units, entry.seq, entry.branch)
+        statements += [(self._sql(SET_COVER), (covered, agent, UNIT_PREFIX + unit.unit_id))
+                       for unit, covered in snapshot.units if covered is not None]
+        statements += self._marks(entry, [UNIT_PREFIX + unit.unit_id for unit in units])
+        if snapshot.nodes:
+            statements += self._node_statements(snapshot.nodes)
+            statements += self._marks(entry, [n.node_id for n in snapshot.nodes],
+                                      [old for n in snapshot.nodes for old in n.replaces])
+        return statements

@@ -21,6 +21,7 @@ from flink_memory.store import pgvector
 from flink_memory.store.recall import VECTOR_CANDIDATES
 from flink_memory.store.rules import PositionConflict, StoreError, tsquery_term
 from flink_memory.store.schema import (
+    ADDED_LOG_COLUMNS,
     BUCKET,
     BUCKET_OF,
     BUCKETS,
@@ -183,6 +184,13 @@ class PostgresStore(MemoryStore):
                 conn.execute(statement)
             conn.execute(f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
                          "PRIMARY KEY (agent_id, node_id))")
+            # (a store written before histories: only the columns it lacks, as ALTER TABLE locks the table and
+            # would deadlock with the writers of a store already open)
+            present = set(conn.execute("SELECT table_name, column_name FROM information_schema.columns WHERE "
+                                       "table_schema = current_schema()").fetchall())
+            for table, column, kind in ADDED_LOG_COLUMNS:
+                if (table, column) not in present:
+                    conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
 
     def _fetch(self, sql: str, params: tuple[Any, ...], *, binary: bool = False) -> list[tuple[Any, ...]]:
         # planned for its parameters each time: psycopg prepares a statement run five times, and PostgreSQL may

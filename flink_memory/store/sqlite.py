@@ -11,6 +11,7 @@ from flink_memory.databases import sqlite_connect, sqlite_path
 from flink_memory.store.rules import PositionConflict, StoreError, StoreNotFound, fts5_query
 from flink_memory.store.schema import (
     ADDED,
+    ADDED_LOG_COLUMNS,
     CREATE_GENERATIONS,
     CREATE_LOG_TABLES,
     FTS,
@@ -100,6 +101,9 @@ class SqliteStore(MemoryStore):
             for column, kind in ADDED.items():  # a store written before units and vectors
                 if column not in present:
                     self._db.execute(f"ALTER TABLE {NODES} ADD COLUMN {column} {kind}")
+            for table, column, kind in ADDED_LOG_COLUMNS:  # a store written before histories
+                if column not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
+                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             self._db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             self._db.execute(PENDING_INDEX)
         except BaseException:

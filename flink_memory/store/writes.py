@@ -20,6 +20,7 @@ from flink_memory.store.schema import (
     DELETE_REPLACED,
     DELETE_UNIT,
     FORGET_UNITS,
+    LATEST,
     NODES,
     PENDING_PREFIX,
     PROMOTE,
@@ -68,16 +69,17 @@ class StoreWrites(VectorRows):
             statements += [(self._sql(UNCOVERED), (node.agent_id, old)) for old in node.replaces]
         return statements + self._vector_statements([(n.agent_id, n.node_id, n.text) for n in nodes])
 
-    def _unit_statements(self, units: list[MemoryUnit], seq: int = NO_SEQ) -> list[tuple[str, tuple[Any, ...]]]:
+    def _unit_statements(self, units: list[MemoryUnit], seq: int = NO_SEQ,
+                         branch: str = LATEST) -> list[tuple[str, tuple[Any, ...]]]:
         statements = []
         for unit in units:
             committed, pending = UNIT_PREFIX + unit.unit_id, PENDING_PREFIX + unit.unit_id
             if seq != NO_SEQ:
-                statements.append((self._sql(PROMOTE), (committed, unit.agent_id, pending, text_digest(unit.text), seq,
-                                                        unit.agent_id, committed)))
+                statements.append((self._sql(PROMOTE), (committed, unit.agent_id, pending, text_digest(unit.text),
+                                                        branch, seq, unit.agent_id, committed)))
             row = unit_row(unit)
-            hiding = (unit.agent_id, unit.unit_id, seq)
-            statements.append((self._sql(UPSERT_UNIT), (*row[:2], *hiding, *row[2:], *hiding)))
+            hiding = (unit.agent_id, unit.unit_id, branch, seq, branch)
+            statements.append((self._sql(UPSERT_UNIT), (*row[:2], *hiding, *row[2:], *hiding, *hiding)))
         embedded = self._vectored(units) if seq != NO_SEQ else set()
         return statements + self._vector_statements([(u.agent_id, UNIT_PREFIX + u.unit_id, u.text) for u in units
                                                      if (u.agent_id, u.unit_id, text_digest(u.text)) not in embedded])
