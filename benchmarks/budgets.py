@@ -10,7 +10,7 @@ with the same prompt format; it is counted, not sent, when it does not fit.
     python benchmarks/budgets.py                       # 6 agents x 167 items, window 2048, output 256
     python benchmarks/budgets.py --agents 2 --items-per-agent 100 --json out/budgets.json
     python benchmarks/budgets.py --runs 10             # the same input 10 times: the spread of calls across runs
-    python benchmarks/budgets.py --runs 10 --shape uneven  # 1 000 items of 6 agents of 400 down to 40 items
+    python benchmarks/budgets.py --runs 10 --shape mixed   # the same volume, interleaved, the huge item first
 
 With --runs, each run starts from nothing (no journal) with another provider latency (each answer delayed at
 random, up to 0, 0.2 or 0.5 s) and, every other run, two subtasks: the same input must send the same requests
@@ -55,22 +55,24 @@ def sentence(rng: random.Random, day: int) -> str:
 
 
 LLAMAINDEX = {"calls": 42, "prompt_tokens": 52962}  # TreeSummarize on the default workload (issue 33; not run here)
-UNEVEN = [400, 250, 150, 100, 60, 40]  # --shape uneven: items per agent
 
 
-def uneven(huge_sentences: int, seed: int = 5) -> list[dict[str, Any]]:
-    """1 000 items of six agents of 400 down to 40 items, one to four sentences each, interleaved as they come;
-    agent 1's first item is the huge one, so it arrives before any batch has reported."""
+def mixed(agents: int, items_per_agent: int, huge_sentences: int, seed: int = 5) -> list[dict[str, Any]]:
+    """The same volume in another shape: agents' items interleaved at random as they would arrive, of one or
+    two sentences, and agent 0's first item the huge one, so it is batched before any batch has reported."""
     rng = random.Random(seed)
+    queues = []
+    for a in range(agents):
+        items = []
+        for i in range(items_per_agent):
+            day = 1 + i * 28 // items_per_agent
+            size = huge_sentences if (a == 0 and i == 0) else rng.choice([1, 1, 1, 2])
+            items.append({"agent_id": f"agent-{a}", "id": f"m{i}", "ts": f"2026-03-{day:02d}T{8 + i % 10:02d}:00:00Z",
+                          "text": " ".join(sentence(rng, day) for _ in range(size))})
+        queues.append(items[::-1])
     records = []
-    for i in range(max(UNEVEN)):
-        for a, size in enumerate(UNEVEN):
-            if i >= size:
-                continue
-            day = 1 + i * 28 // size
-            words = huge_sentences if (a == 1 and i == 0) else rng.choice([1, 1, 2, 3, 4])
-            records.append({"agent_id": f"agent-{a}", "id": f"m{i}", "ts": f"2026-03-{day:02d}T{8 + i % 10:02d}:00:00Z",
-                            "text": " ".join(sentence(rng, day) for _ in range(words))})
+    while any(queues):
+        records.append(rng.choice([q for q in queues if q]).pop())
     return records
 
 
@@ -148,6 +150,8 @@ def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdi
             "calls_by_kind": {k: sum(1 for n in nodes if n["kind"] == k) for k in ("batch", "merge", "global")},
             "requests_by_kind": {k: {"calls": c, "prompt_tokens": t} for k, (c, t) in sorted(by_kind.items())},
             "truncated": int(stats.get("truncated", 0)), "wall_s": wall, "units": units,
+            "first_report_wait_s": stats.get("first_report_wait_ms", 0) / 1000,
+            "max_first_report_wait_s": stats.get("max_first_report_wait_ms", 0) / 1000,
             "requests": sorted(json.dumps(b, sort_keys=True) for b in sent)}
 
 
@@ -161,12 +165,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-items", type=int, default=50)
     parser.add_argument("--job-timeout-s", type=float, default=3600)
     parser.add_argument("--runs", type=int, default=1, help="runs of the same input (latency and subtasks varied)")
-    parser.add_argument("--shape", choices=["even", "uneven"], default="even")
+    parser.add_argument("--shape", choices=["even", "mixed"], default="even",
+                        help="even: agent after agent, the huge item in the middle; mixed: see mixed()")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if args.shape == "uneven":
-        records = uneven(args.huge_sentences // 2)
-        args.agents, args.items_per_agent = len(UNEVEN), None
+    if args.shape == "mixed":
+        records = mixed(args.agents, args.items_per_agent, args.huge_sentences)
     else:
         records = dataset(args.agents, args.items_per_agent, args.huge_sentences)
     if args.runs > 1:
@@ -218,17 +222,16 @@ def repeated(records: list[dict[str, Any]], args: argparse.Namespace) -> int:
     calls = [r["calls"] for r in runs]
     tokens = [r["prompt_tokens"] for r in runs]
     distinct = len({tuple(r["requests"]) for r in runs})
-    shape = (f"{len(UNEVEN)} agents of {'/'.join(map(str, UNEVEN))} items" if args.shape == "uneven" else
-             f"{args.agents} agents x {args.items_per_agent} items")
-    huge = args.huge_sentences if args.shape == "even" else args.huge_sentences // 2
-    print(f"{shape} ({len(records)} items, one of {huge} sentences), window {args.context_window}, output "
-          f"{args.max_output_tokens}, provider counts chars/4, {args.runs} runs from nothing\n")
+    shape = f"{args.agents} agents x {args.items_per_agent} items ({args.shape})"
+    print(f"{shape} ({len(records)} items, one of {args.huge_sentences} sentences), window {args.context_window}, "
+          f"output {args.max_output_tokens}, provider counts chars/4, {args.runs} runs from nothing\n")
     print("| run | answers delayed up to | subtasks | calls | prompt tokens | largest prompt / window | refused "
-          "| wall |")
-    print("|---|---|---|---|---|---|---|---|")
+          "| wall | held for first reports (longest) |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in runs:
         print(f"| {r['run']} | {r['max_delay_s']} s | {r['parallelism']} | {r['calls']} | {r['prompt_tokens']} | "
-              f"{r['largest_prompt'] / args.context_window:.2f} | {r['rejected']} | {r['wall_s']:.0f} s |")
+              f"{r['largest_prompt'] / args.context_window:.2f} | {r['rejected']} | {r['wall_s']:.1f} s | "
+              f"{r['max_first_report_wait_s']:.2f} s |")
     print(f"\ncalls {min(calls)} to {max(calls)} (spread {max(calls) - min(calls)}), prompt tokens {min(tokens)} to "
           f"{max(tokens)} (spread {max(tokens) - min(tokens)}); {distinct} distinct set(s) of requests in "
           f"{args.runs} runs; every run <= {LLAMAINDEX['calls']} calls: {max(calls) <= LLAMAINDEX['calls']}, "

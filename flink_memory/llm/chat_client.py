@@ -79,6 +79,10 @@ class UsageStats:
     max_prompt_tokens: int = 0
     context_rejections: int = 0
     truncated: int = 0
+    # what holding units for their agent's first batch report cost (stages.batcher): the time the first held
+    # unit of each agent waited, summed, and the longest such wait
+    first_report_wait_ms: int = 0
+    max_first_report_wait_ms: int = 0
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -114,6 +118,8 @@ class UsageStats:
                 "max_prompt_tokens": self.max_prompt_tokens,
                 "context_rejections": self.context_rejections,
                 "truncated": self.truncated,
+                "first_report_wait_ms": self.first_report_wait_ms,
+                "max_first_report_wait_ms": self.max_first_report_wait_ms,
             }
 
 

@@ -170,6 +170,8 @@ class BatcherCore(BatchRevisions):
         entries = [None if (stored := state.entry(UNITS, _key(seq))) is None else unit_entry(stored.unit)
                    for seq in range(buffer.first, buffer.next_seq)]
         opened_at = buffer.unpack()
+        if opened_at is not None:  # (what holding cost: the first held unit waited that long)
+            effects.counts["first_report_wait_ms"] += max(0, now_ms - opened_at)
         summarized = False
         for entry in entries:
             for batch in self._pack(state, buffer, meta, scale, entry, now_ms):
