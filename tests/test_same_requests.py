@@ -1,8 +1,8 @@
 """Same input, same requests (invariant 11): a rerun from scratch on one journal pays no call, whatever the
 provider's latency (issue 45).
 
-The pipeline runs in memory (flink_memory.local) with the worker's own client (`acquire_runtime`: journal,
-calibration and its seeding as a TaskManager has them) against a real HTTP stand-in that counts characters / 4
+The pipeline runs in memory (flink_memory.local) with the worker's own client (`acquire_runtime`: journal and
+calibration as a TaskManager has them) against a real HTTP stand-in that counts characters / 4
 and has no /tokenize, so the estimate and calibration pack the batches. Latency is counted in activations: a
 call is answered `lag` deliveries after it starts, so the first report of a kind arrives early or late.
 """
