@@ -9,6 +9,12 @@ with the same prompt format; it is counted, not sent, when it does not fit.
 
     python benchmarks/budgets.py                       # 6 agents x 167 items, window 2048, output 256
     python benchmarks/budgets.py --agents 2 --items-per-agent 100 --json out/budgets.json
+    python benchmarks/budgets.py --runs 10             # the same input 10 times: the spread of calls across runs
+    python benchmarks/budgets.py --runs 10 --shape mixed   # the same volume, interleaved, the huge item first
+
+With --runs, each run starts from nothing (no journal) with another provider latency (each answer delayed at
+random, up to 0, 0.2 or 0.5 s) and, every other run, two subtasks: the same input must send the same requests
+(docs/token-budgets.md), so the spread of calls and prompt tokens across runs is 0.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ import json
 import random
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -26,7 +33,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
 from jobkit import batch_units, execute, write_lines  # noqa: E402
-from scripted_server import ScriptedServer, chars_per_token, prompt_count  # noqa: E402
+from scripted_server import Reply, ScriptedServer, chars_per_token, fact_keeping_summary, prompt_count  # noqa: E402
 
 from flink_memory.config import load_config  # noqa: E402
 from flink_memory.flink.pipeline import build_job  # noqa: E402
@@ -45,6 +52,28 @@ VERBS = ["moved the review to", "paid the invoice on", "asked for a refund on", 
 def sentence(rng: random.Random, day: int) -> str:
     return (f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} 2026-03-{day:02d} for {rng.randint(10, 9999)} EUR, "
             f"reference {rng.randint(100000, 999999)}.")
+
+
+LLAMAINDEX = {"calls": 42, "prompt_tokens": 52962}  # TreeSummarize on the default workload (issue 33; not run here)
+
+
+def mixed(agents: int, items_per_agent: int, huge_sentences: int, seed: int = 5) -> list[dict[str, Any]]:
+    """The same volume in another shape: agents' items interleaved at random as they would arrive, of one or
+    two sentences, and agent 0's first item the huge one, so it is batched before any batch has reported."""
+    rng = random.Random(seed)
+    queues = []
+    for a in range(agents):
+        items = []
+        for i in range(items_per_agent):
+            day = 1 + i * 28 // items_per_agent
+            size = huge_sentences if (a == 0 and i == 0) else rng.choice([1, 1, 1, 2])
+            items.append({"agent_id": f"agent-{a}", "id": f"m{i}", "ts": f"2026-03-{day:02d}T{8 + i % 10:02d}:00:00Z",
+                          "text": " ".join(sentence(rng, day) for _ in range(size))})
+        queues.append(items[::-1])
+    records = []
+    while any(queues):
+        records.append(rng.choice([q for q in queues if q]).pop())
+    return records
 
 
 def dataset(agents: int, items_per_agent: int, huge_sentences: int, seed: int = 11) -> list[dict[str, Any]]:
@@ -71,13 +100,27 @@ def baseline(records: list[dict[str, Any]], args: argparse.Namespace) -> dict[st
     return {"calls": len(sizes), "prompt_tokens": sum(sizes), "largest_prompt": max(sizes), "over_window": over}
 
 
-def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
-    with ScriptedServer(count=COUNT, context_window=args.context_window) as server:
+def late(max_delay_s: float, seed: int) -> Any:
+    """The stand-in summarizer, answering each call after a random delay of up to `max_delay_s`."""
+    rng, lock = random.Random(seed), threading.Lock()
+
+    def script(body: dict[str, Any]) -> Reply:
+        with lock:
+            delay = rng.uniform(0, max_delay_s)
+        return Reply(text=fact_keeping_summary(body, COUNT), delay_s=delay)
+
+    return script
+
+
+def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdir: Path, max_delay_s: float = 0.0,
+                 parallelism: int = 1, seed: int = 0) -> dict[str, Any]:
+    with ScriptedServer(late(max_delay_s, seed), count=COUNT, context_window=args.context_window) as server:
         config = load_config(None, [
             "llm.provider=openai", f"llm.base_url={server.base_url}", f"llm.context_window={args.context_window}",
             f"llm.max_output_tokens={args.max_output_tokens}", f"batching.max_items={args.max_items}",
             "journal.path=null", "checkpointing.interval_s=0", "job.poll_interval_ms=20",
-            "batching.flush_after_s=3600", "summarization.global_refresh_s=3600"], environ={})
+            f"job.parallelism={parallelism}", "batching.flush_after_s=3600",
+            "summarization.global_refresh_s=3600"], environ={})
         input_path = write_lines(workdir / "input" / "part-0.jsonl", records)
         output = workdir / "output"
         started = time.perf_counter()
@@ -106,7 +149,10 @@ def flink_memory(records: list[dict[str, Any]], args: argparse.Namespace, workdi
             "largest_over_budget": max(summary_sizes) / budget, "over_window": over, "rejected": rejected,
             "calls_by_kind": {k: sum(1 for n in nodes if n["kind"] == k) for k in ("batch", "merge", "global")},
             "requests_by_kind": {k: {"calls": c, "prompt_tokens": t} for k, (c, t) in sorted(by_kind.items())},
-            "truncated": int(stats.get("truncated", 0)), "wall_s": wall, "units": units}
+            "truncated": int(stats.get("truncated", 0)), "wall_s": wall, "units": units,
+            "first_report_wait_s": stats.get("first_report_wait_ms", 0) / 1000,
+            "max_first_report_wait_s": stats.get("max_first_report_wait_ms", 0) / 1000,
+            "requests": sorted(json.dumps(b, sort_keys=True) for b in sent)}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -118,12 +164,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-output-tokens", type=int, default=256)
     parser.add_argument("--max-items", type=int, default=50)
     parser.add_argument("--job-timeout-s", type=float, default=3600)
+    parser.add_argument("--runs", type=int, default=1, help="runs of the same input (latency and subtasks varied)")
+    parser.add_argument("--shape", choices=["even", "mixed"], default="even",
+                        help="even: agent after agent, the huge item in the middle; mixed: see mixed()")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    records = dataset(args.agents, args.items_per_agent, args.huge_sentences)
+    if args.shape == "mixed":
+        records = mixed(args.agents, args.items_per_agent, args.huge_sentences)
+    else:
+        records = dataset(args.agents, args.items_per_agent, args.huge_sentences)
+    if args.runs > 1:
+        return repeated(records, args)
     base = baseline(records, args)
     with tempfile.TemporaryDirectory() as tmp:
         ours = flink_memory(records, args, Path(tmp))
+    del ours["requests"]  # (compared across runs only: --runs)
     ratios = {"calls_over_baseline": ours["calls"] / base["calls"],
               "prompt_tokens_over_baseline_input": ours["prompt_tokens"] / base["prompt_tokens"],
               "largest_request_over_budget": ours["largest_over_budget"]}
@@ -149,6 +204,46 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(results, indent=2))
+    return 0
+
+
+def repeated(records: list[dict[str, Any]], args: argparse.Namespace) -> int:
+    """The same input `--runs` times from nothing, each with another latency and every other one on two
+    subtasks: the requests of every run, and their spread."""
+    delays = [0.0, 0.2, 0.5]
+    runs = []
+    for run in range(args.runs):
+        delay, parallelism = delays[run % len(delays)], 1 + run % 2
+        with tempfile.TemporaryDirectory() as tmp:
+            ours = flink_memory(records, args, Path(tmp), delay, parallelism, seed=run)
+        runs.append({"run": run + 1, "max_delay_s": delay, "parallelism": parallelism,
+                     **{k: v for k, v in ours.items() if k != "requests"}, "requests": ours["requests"]})
+        print(f"run {run + 1}: {ours['calls']} calls, {ours['prompt_tokens']} prompt tokens, {ours['wall_s']:.0f} s",
+              file=sys.stderr)
+    calls = [r["calls"] for r in runs]
+    tokens = [r["prompt_tokens"] for r in runs]
+    distinct = len({tuple(r["requests"]) for r in runs})
+    shape = f"{args.agents} agents x {args.items_per_agent} items ({args.shape})"
+    print(f"{shape} ({len(records)} items, one of {args.huge_sentences} sentences), window {args.context_window}, "
+          f"output {args.max_output_tokens}, provider counts chars/4, {args.runs} runs from nothing\n")
+    print("| run | answers delayed up to | subtasks | calls | prompt tokens | largest prompt / window | refused "
+          "| wall | held for first reports (longest) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in runs:
+        print(f"| {r['run']} | {r['max_delay_s']} s | {r['parallelism']} | {r['calls']} | {r['prompt_tokens']} | "
+              f"{r['largest_prompt'] / args.context_window:.2f} | {r['rejected']} | {r['wall_s']:.1f} s | "
+              f"{r['max_first_report_wait_s']:.2f} s |")
+    print(f"\ncalls {min(calls)} to {max(calls)} (spread {max(calls) - min(calls)}), prompt tokens {min(tokens)} to "
+          f"{max(tokens)} (spread {max(tokens) - min(tokens)}); {distinct} distinct set(s) of requests in "
+          f"{args.runs} runs; every run <= {LLAMAINDEX['calls']} calls: {max(calls) <= LLAMAINDEX['calls']}, "
+          f"fewer prompt tokens than LlamaIndex's {LLAMAINDEX['prompt_tokens']}: "
+          f"{max(tokens) < LLAMAINDEX['prompt_tokens']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"runs": [{k: v for k, v in r.items() if k != "requests"} for r in runs],
+                                         "calls_spread": max(calls) - min(calls),
+                                         "prompt_tokens_spread": max(tokens) - min(tokens),
+                                         "distinct_request_sets": distinct}, indent=2))
     return 0
 
 

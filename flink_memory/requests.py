@@ -34,10 +34,10 @@ class ChatRequest:
     seed: int | None = None
     json_schema: str | None = None  # canonical JSON of the schema, kept as text so the request is hashable
     kind: str = field(default="", compare=False)
-    # the scale it was packed at when that came from what the provider reported of its own text (a job's
-    # earlier round, an agent's summaries: `ReduceJob.own_ratio`; each summary's count when it was written:
-    # `prompts.written_bound`), not from its kind's, which says how other agents' text counts: what the client
-    # checks it by at most (a factor of the request's raw count). Not canonical either
+    # the scale it was packed at (a factor of the request's raw count: with what the provider reported of its
+    # own text, a job's earlier round `ReduceJob.own_ratio` or each summary's count when it was written
+    # `prompts.written_bound`): what the client checks it by, never what other calls taught the process since.
+    # Not canonical either
     bound: float | None = field(default=None, compare=False)
 
     @classmethod
@@ -113,10 +113,6 @@ class Journal(Protocol):
 
     def put(self, key: str, canonical: dict[str, Any], result: ChatResult) -> None: ...
 
-    def calibration(self, name: str) -> dict[str, float]: ...
-
-    def save_calibration(self, name: str, ratios: dict[str, float]) -> None: ...
-
 
 @dataclass(frozen=True)
 class RequestFactory:
@@ -158,7 +154,7 @@ class RequestFactory:
         bound: float | None = None,
     ) -> ChatRequest:
         """A request that fits the window by the counter at `scale` (the job's frozen scale), or at `bound`
-        where its own text taught that (`ChatRequest.bound`)."""
+        where its own text taught that (`ChatRequest.bound`, else `scale`)."""
         request = ChatRequest.build(
             model=self.model,
             prompt_version=prompt_version,
@@ -168,7 +164,7 @@ class RequestFactory:
             seed=self.seed,
             json_schema=json_schema if self.structured_output else None,
             kind=kind,
-            bound=bound,
+            bound=bound if bound is not None else scale,
         )
         self.budget.check(messages, request.max_tokens, scale if bound is None else bound)
         return request

@@ -99,3 +99,13 @@ class Pipeline(LocalPipeline):
         for rows in self.rows:
             rows.apply(table)
         return {uid: text for (owner, uid), text in table.units.items() if owner == agent}
+
+
+def add(buffer: Any, entry: dict[str, Any], limits: Any, budget: Any, scale: float | None = 1.0) -> list[Any]:
+    """One entry into a BatchBuffer at one scale, as the batcher packs it (stages.batcher's `_pack`)."""
+    closed = []
+    if not buffer.fits(entry, limits, budget):
+        closed.append(buffer.take())
+    if (taken := buffer.put(entry, limits, 0, budget, scale)) is not None:
+        closed.append(taken)
+    return closed

@@ -72,6 +72,18 @@ def test_budget_benchmark_smallest_size(tmp_path):
     assert ours["prompt_tokens"] < 1.5 * base["prompt_tokens"]
 
 
+
+def test_budget_benchmark_runs_send_the_same_requests(tmp_path):
+    """--runs: runs from nothing with other latencies and subtasks send one set of requests (issue 45)."""
+    import budgets
+
+    out = tmp_path / "runs.json"
+    assert budgets.main(["--agents", "2", "--items-per-agent", "40", "--huge-sentences", "30", "--runs", "2",
+                         "--shape", "mixed", "--json", str(out)]) == 0
+    results = json.loads(out.read_text())
+    assert results["distinct_request_sets"] == 1 and results["calls_spread"] == 0
+    assert [r["parallelism"] for r in results["runs"]] == [1, 2]
+
 def test_recall_benchmark_smallest_size(tmp_path):
     """The store finds every planted fact the summaries kept; the global alone cannot do better than the store."""
     import recall

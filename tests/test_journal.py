@@ -203,17 +203,6 @@ def test_without_postgres_the_tests_say_so_and_fail_under_ci(tmp_path, ci, outco
     assert (done.returncode != 0) == (ci == "true")
 
 
-def test_learned_token_ratios_outlive_the_process_and_a_tampered_row_is_ignored(store):
-    journal = store.open()
-    assert journal.calibration("endpoint|m|estimate") == {}
-    journal.save_calibration("endpoint|m|estimate", {"batch": 0.35, "calibrate": 0.41})
-    journal.save_calibration("endpoint|m|estimate", {"batch": 0.33, "merge": 0.5})  # another TaskManager
-    assert store.open().calibration("endpoint|m|estimate") == {"batch": 0.35, "calibrate": 0.41, "merge": 0.5}
-    assert store.open().calibration("other|m|estimate") == {}
-    store.execute("UPDATE {table} SET body = replace(body, '0.35', '0.05') WHERE key LIKE 'calibration:%'")
-    assert store.open().calibration("endpoint|m|estimate") == {}  # fails closed: counts from scratch
-
-
 def test_short_runs_keep_the_journal_bounded_too(store):
     """Every process prunes at its first write: runs of fewer writes than PRUNE_EVERY do not pile up, and an
     entry older than max_age_days leaves at the next run's first write."""

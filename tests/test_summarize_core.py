@@ -3,6 +3,7 @@
 import math
 
 import pytest
+from stagekit import add
 
 from flink_memory.config import load_config
 from flink_memory.records import SummaryNode
@@ -32,7 +33,7 @@ def limits_of(config):
 def test_batches_close_at_max_items():
     limits, budget = limits_of(cfg("batching.max_items=3"))
     buffer = BatchBuffer()
-    closed = [b.seqs for i in range(7) for b in buffer.add(unit(i), limits, 0, budget)]
+    closed = [b.seqs for i in range(7) for b in add(buffer, unit(i), limits, budget)]
     assert closed == [range(0, 3), range(3, 6)]
     assert buffer.count == 1 and buffer.next_seq == 7
 
@@ -41,7 +42,7 @@ def test_batches_close_at_token_budget():
     limits, budget = limits_of(cfg("batching.max_tokens=200"))
     buffer = BatchBuffer()
     text = "word " * 40
-    closed = [b.seqs for i in range(10) for b in buffer.add(unit(i, text), limits, 0, budget)]
+    closed = [b.seqs for i in range(10) for b in add(buffer, unit(i, text), limits, budget)]
 
     def rendered(batch):  # what the batch request renders, counted entry by entry
         packer = Packer(budget.counter)
@@ -54,8 +55,8 @@ def test_batches_close_at_token_budget():
 def test_oversized_unit_is_a_batch_of_its_own():
     limits, budget = limits_of(cfg("batching.max_tokens=200"))
     buffer = BatchBuffer()
-    buffer.add(unit(0), limits, 0, budget)
-    closed = buffer.add(unit(1, "word " * 1000), limits, 0, budget)
+    add(buffer, unit(0), limits, budget)
+    closed = add(buffer, unit(1, "word " * 1000), limits, budget)
     assert [b.seqs for b in closed] == [range(0, 1), range(1, 2)]
 
 
@@ -167,22 +168,22 @@ def test_merges_cut_early_when_the_next_node_would_not_fit():
     assert starts and all(2 <= len(s.children) < 8 for s in starts)
 
 
-def test_merge_groups_are_packed_by_what_the_provider_reported_for_merges():
-    """Summaries full of numbers: the estimate overcounts them far more than prose. Once merges have
-    reported, a group holds the fan-in of 8; before that it is packed at the upper bound (4), whatever
-    another kind reported."""
+def test_merge_groups_are_packed_at_the_upper_bound_whatever_the_process_learned():
+    """Summaries full of numbers: the estimate overcounts them far more than prose. What other calls taught the
+    process never packs a merge (it depends on which calls ended first, so a rerun would group differently);
+    the provider's count of each summary when it was written does, and fills the group to the fan-in."""
     config = cfg("llm.context_window=2048", "llm.max_output_tokens=256")
     budget = RequestFactory.from_config(config.llm).budget
-    calibration = budget.counter.calibration
-    calibration.observe(400, 300, "batch")  # another kind's report teaches merges nothing
     text = " ".join(f"{k * 7919 % 100000} 2026-03-{1 + k % 28:02d}" for k in range(24))  # ~400 characters
     before = Tree()
     assert [len(s.children) for i in range(8) for s in before.add(node(i, text=text), 8, budget)] == [4]
-    calibration.observe(1000, 300, "global")  # a global is built like a merge: it calibrates merges too, once
-    calibration.observe(1000, 250, "merge")  # merges have reported themselves
-    assert budget.counter.scale_for("merge") == budget.counter.scale_for("global") == math.ceil(0.3 * 1.05 * 64) / 64
-    after = Tree()
-    assert [len(s.children) for i in range(8) for s in after.add(node(i, text=text), 8, budget)] == [8]
+    budget.counter.calibration.observe(1000, 250, "merge")  # merges have reported: still the same groups
+    learned = Tree()
+    assert [len(s.children) for i in range(8) for s in learned.add(node(i, text=text), 8, budget)] == [4]
+    written = Tree()  # each summary with the provider's count of it (a third of our estimate)
+    counted = [node(i, text=text).model_copy(update={"completion_tokens": budget.counter.raw(text) // 3})
+               for i in range(8)]
+    assert [len(s.children) for n in counted for s in written.add(n, 8, budget)] == [8]
 
 
 def test_tree_waits_for_earlier_merges_to_keep_chronology():
@@ -225,7 +226,8 @@ def test_node_ids_do_not_depend_on_llm_timing():
 
 
 def test_an_open_batch_closes_where_its_units_say_whatever_the_counter_learns_meanwhile():
-    """A replay after a restore must cut the same batches (and send the same requests) as the first run."""
+    """A buffer packs at the scale it was opened with: what the process learns meanwhile never moves a
+    boundary, so a replay after a restore, or a rerun, cuts the same batches."""
     closes = []
     for learn in (False, True):
         limits, budget = limits_of(cfg("batching.max_tokens=300", "batching.max_items=1000"))
@@ -234,10 +236,17 @@ def test_an_open_batch_closes_where_its_units_say_whatever_the_counter_learns_me
         for i in range(150):
             if learn and i == 3:  # a batch answer arrives while the first batch is open
                 budget.counter.calibration.observe(1000, 300, "batch")
-            closed += buffer.add(unit(i, f"note {i} about the quarterly budget review"), limits, 0, budget)
+            closed += add(buffer, unit(i, f"note {i} about the quarterly budget review"), limits, budget)
         closes.append(closed)
-    assert closes[0][0] == closes[1][0] and closes[0][0].scale == 1.0
-    assert len(closes[1][1].seqs) > len(closes[0][1].seqs)  # the next batch packs by what was learned
+    assert closes[0] == closes[1] and {c.scale for c in closes[0]} == {1.0}
+
+
+def test_a_held_buffer_keeps_its_units_in_order_and_closes_nothing():
+    limits, budget = limits_of(cfg("batching.max_items=3"))
+    buffer = BatchBuffer()
+    assert [b for i in range(7) for b in add(buffer, unit(i), limits, budget, None)] == []
+    assert buffer.held and buffer.count == 7 and buffer.next_seq == 7
+    assert buffer.unpack() == 0 and buffer.count == 0 and buffer.first == 0
 
 
 def test_a_failed_call_of_a_round_does_not_throw_away_the_answers_of_the_others():

@@ -4,6 +4,7 @@ import math
 
 import pytest
 from scripted_server import Reply, ScriptedServer, chars_per_token, prompt_count
+from stagekit import add
 
 from flink_memory.config import load_config
 from flink_memory.llm.chat_client import LLMClient
@@ -92,15 +93,19 @@ def test_batches_fill_the_budget_once_the_provider_has_reported_on_batches():
                              "ts": f"2026-03-{1 + k // 40:02d}T10:00:00Z"}) for k in range(400)]
         sizes = []
         buffer = BatchBuffer()
+        scale = 1.0  # the first batch: the upper bound; the next ones at what its report taught (the batcher's rule)
         for entry in units:
-            for batch in buffer.add(entry, limits, 0, budget):  # sequence numbers are indices into units
+            for batch in add(buffer, entry, limits, budget, scale):  # sequence numbers are indices into units
                 job = ReduceJob(purpose="batch", entries=units[batch.seqs.start:batch.seqs.stop], scale=batch.scale)
                 [request] = job.requests(factory)
-                client.complete(request)
+                result = client.complete(request)
                 sizes.append(prompt_count(request.message_dicts(), chars_per_token(4)))
+                if len(sizes) == 1:
+                    ratio = result.prompt_tokens / client.counter.raw_request(request.message_dicts())
+                    scale = client.counter.calibration.scale_of(ratio)
         room = 2048 - 256
         assert len(sizes) >= 4 and max(sizes) <= room
-        # the first two were opened before any batch answer (a batch keeps the scale it was opened with)
+        # the first two were opened at the upper bound (a batch keeps the scale it was opened with)
         assert min(sizes[2:-1]) >= 0.875 * room, sizes
 
 
@@ -111,11 +116,8 @@ def test_a_length_rejection_is_repacked_smaller_and_never_lost():
         factory = client.requests
         pool = CallPool(client.complete, 2)
         entries = [{"text": s.format(k=k), "from": None, "to": None} for k in range(60) for s in SENTENCES]
-        # a scale already learned (for batches and the parts their rounds send), so that the first packing
-        # fills the configured window
-        client.counter.calibration.observe(100, 40, "batch")
-        client.counter.calibration.observe(100, 40, "part")
-        job = ReduceJob(purpose="batch", entries=entries)
+        # a scale already learned (the agent's first report), so that the first packing fills the configured window
+        job = ReduceJob(purpose="batch", entries=entries, scale=client.counter.calibration.scale_of(0.4))
         text = run_to_end(job, factory, pool, RetryPolicy(0.01, 0.01))
         pool.close()
         assert text == "short"
@@ -193,26 +195,6 @@ def test_auto_falls_back_to_the_calibrated_estimate_for_an_endpoint_without_toke
         assert server.count() == 0  # the probe is not a chat call
 
 
-def test_a_restarted_client_packs_with_what_the_journal_learned(tmp_path):
-    """A job restored after a failure must pack (and so ask) as the failed one did, before any new answer."""
-    from flink_memory.llm.journal import open_journal
-
-    with ScriptedServer(lambda body: Reply(text="ok"), count=chars_per_token(4)) as server:
-        first = estimate_client(server)
-        first.journal = open_journal(str(tmp_path / "journal.sqlite"))
-        first.seed_calibration()  # an empty journal: nothing to start from, and no call
-        numbers = " ".join(f"Paid {k * 37 % 9000} EUR, ref {k * 7919}." for k in range(40))  # counted high by us
-        entries = [{"text": numbers, "from": None, "to": None}]
-        first.complete(first.requests.build(messages_for("batch", entries, 100), prompt_version="t", kind="batch"))
-        learned = first.counter.scale_for("batch")
-        assert server.count() == 1 and learned < first.counter.scale_for("merge") == 1.0  # no merge report yet
-        calls = server.count()
-        again = estimate_client(server)
-        again.journal = open_journal(str(tmp_path / "journal.sqlite"))
-        again.seed_calibration()  # seeded with every kind's ratio the journal kept
-        assert server.count() == calls and again.counter.scale_for("batch") == learned
-
-
 def test_a_tokenizer_that_stops_answering_is_replaced_by_the_estimate_until_it_answers_again():
     """A restarting llama.cpp server must not become an error of the job: the estimate bounds the count, a
     text keeps the count it got (a job packs it the same way twice), and the server is left alone a while."""
@@ -255,7 +237,7 @@ def test_the_first_batch_fits_the_window_whatever_its_text(chars):
         budget, limits = client.budget, Rooms.from_config(config, client.budget).batch
         units = [unit_entry({"text": f"{PROSE} ({k})", "ts": "2026-03-01T10:00:00Z"}) for k in range(200)]
         buffer = BatchBuffer()
-        closed = next(batch for entry in units for batch in buffer.add(entry, limits, 0, budget))
+        closed = next(batch for entry in units for batch in add(buffer, entry, limits, budget))
         job = ReduceJob(purpose="batch", entries=units[closed.seqs.start:closed.seqs.stop], scale=closed.scale)
         [request] = job.requests(client.requests)
         client.complete(request)

@@ -112,7 +112,7 @@ class PlanJob(BaseModel):
     calls: int = 0
     attempts: int = 0
     retry_at_ms: int = 0
-    scale: float | None = None  # the counter's scale when the plan started (kept, so replays match)
+    scale: float | None = None  # the scale the plan started at (kept, so replays match)
     rejections: int = 0
 
     def requests(self, task: PlanTask) -> list[ChatRequest]:
@@ -128,7 +128,7 @@ class PlanJob(BaseModel):
         if self.rejections >= MAX_REJECTIONS:
             return False
         self.rejections += 1
-        self.scale = max((self.scale or 1.0) * 1.25, task.planner.factory.counter.scale_for("plan"))
+        self.scale = (self.scale or task.planner.factory.counter.calibration.initial) * 1.25
         return True
 
 
@@ -236,8 +236,8 @@ class ChunkPlanner:
 
     def _window(self, prepared: Prepared, job: PlanJob) -> tuple[int, list[str]]:
         """Exchanges from the cursor that fit one planning request; returns the window's last index."""
-        if job.scale is None:
-            job.scale = self.factory.counter.scale_for("plan")
+        if job.scale is None:  # (the upper bound: what other calls taught the process depends on their timing)
+            job.scale = self.factory.counter.calibration.initial
         cursor, last = job.cursor, len(prepared.exchanges) - 1
         room, preview = self.line_room(job.scale), self.preview_tokens(job.scale)
         lines: list[str] = []

@@ -348,5 +348,7 @@ class StageFunction(KeyedProcessFunction):
             log.warning("%s: provider failed, retrying later: %s", self.label, error)
         for name, n in effects.counts.items():
             self._count(name, n)
+        if (waited := effects.counts.get("first_report_wait_ms")) and self.runtime is not None:
+            self.runtime.client.stats.add(first_report_wait_ms=waited, max_first_report_wait_ms=waited)
         if effects.dead_letters:  # (with the parser's, every dead letter of the job)
             self._count("dead_letters", len(effects.dead_letters))

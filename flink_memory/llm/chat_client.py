@@ -24,7 +24,6 @@ from typing import Any
 import openai
 
 from flink_memory.config import ConfigError, LLMConfig
-from flink_memory.digests import digest_parts
 from flink_memory.requests import (
     ChatRequest,
     ChatResult,
@@ -80,6 +79,10 @@ class UsageStats:
     max_prompt_tokens: int = 0
     context_rejections: int = 0
     truncated: int = 0
+    # what holding units for their agent's first batch report cost (stages.batcher): the time the first held
+    # unit of each agent waited, summed, and the longest such wait
+    first_report_wait_ms: int = 0
+    max_first_report_wait_ms: int = 0
     calls_by_kind: dict[str, int] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
@@ -115,6 +118,8 @@ class UsageStats:
                 "max_prompt_tokens": self.max_prompt_tokens,
                 "context_rejections": self.context_rejections,
                 "truncated": self.truncated,
+                "first_report_wait_ms": self.first_report_wait_ms,
+                "max_first_report_wait_ms": self.max_first_report_wait_ms,
             }
 
 
@@ -195,10 +200,11 @@ class LLMClient:
         messages = request.message_dicts()
         if (cached := self._from_journal(request, messages)) is not None:
             return cached
-        scale = self.counter.scale_for(request.kind)
-        if request.bound is not None:  # (packed by its own text's reports: other agents' text says nothing of it)
-            scale = min(scale, request.bound)
-        try:  # the counter may have learned since the request was packed: never send what may not fit
+        # checked at the scale it was packed at: what other calls taught the process since depends on which
+        # ended first, and a request refused by it would be cut again differently in every run (the provider's
+        # own refusal for length re-packs it the same way every time)
+        scale = request.bound if request.bound is not None else self.counter.scale_for(request.kind)
+        try:
             estimate = self.budget.check(messages, request.max_tokens, scale)
         except RequestTooLarge as exc:
             self.stats.add(context_rejections=1)
@@ -289,29 +295,10 @@ class LLMClient:
                 log.warning("journal write failed (a replay would ask again): %s", exc)
         return result
 
-    @property
-    def calibration_name(self) -> str:
-        """Whose counts a calibration describes: this endpoint and model, counted by this tokenizer (a digest:
-        an endpoint URL may carry credentials, which never reach the journal)."""
-        return digest_parts([self.base_url, self.config.model, self.counter.tokenizer.name])
-
     def _observe(self, messages: list[dict[str, Any]], reported: int, kind: str) -> None:
-        """Calibrate from a count the provider reported; a ratio that grew is kept in the journal, so a job
-        restored after a failure starts from what the failed one had learned and mostly packs as it did (work
-        packed before a ratio last grew can still be cut differently and asked again)."""
-        if self.counter.observe(messages, reported, kind) and self.journal is not None and not self.counter.exact:
-            try:
-                self.journal.save_calibration(self.calibration_name, self.counter.calibration.snapshot())
-            except Exception as exc:  # noqa: BLE001 - a journal that cannot keep it costs packing, never a call
-                log.warning("token calibration not kept in the journal: %s", exc)
-
-    def seed_calibration(self) -> None:
-        """Start from the ratios earlier jobs learned on this endpoint (kept in the journal): the kinds they
-        saw pack by what the provider reported from the first request on. A restored job then mostly packs
-        as the failed one did; work packed before the failed job's first report of a kind (at the upper
-        bound) can be cut differently and asked again."""
-        if self.journal is not None and not self.counter.exact:
-            self.counter.calibration.seed(self.journal.calibration(self.calibration_name))
+        """Calibrate the process's counter from a count the provider reported (what its token counts and
+        benchmarks show; packing decisions learn from each agent's own reports, in keyed state)."""
+        self.counter.observe(messages, reported, kind)
 
     @contextmanager
     def _calling(self) -> Iterator[None]:

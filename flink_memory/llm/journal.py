@@ -132,23 +132,8 @@ class RowJournal(ABC):
         self._put_note(key, {"faults": seen})
         return seen
 
-    def calibration(self, name: str) -> dict[str, float]:
-        """The token-count ratios per request kind learned for one provider and model (empty if none)."""
-        try:
-            return {str(kind): float(ratio) for kind, ratio in (self._get_note("calibration:" + name) or {})
-                    .get("ratios", {}).items()}
-        except (TypeError, ValueError, AttributeError):
-            return {}
-
-    def save_calibration(self, name: str, ratios: dict[str, float]) -> None:
-        """Keep the largest ratio per kind (several TaskManagers may save; ratios only grow)."""
-        merged = self.calibration(name)
-        for kind, ratio in ratios.items():
-            merged[kind] = max(merged.get(kind, 0.0), ratio)
-        self._put_note("calibration:" + name, {"ratios": merged})
-
     def _get_note(self, key: str) -> dict[str, Any] | None:
-        """A bookkeeping row kept beside the results (fault counts, calibration); None if absent or altered."""
+        """A bookkeeping row kept beside the results (fault counts); None if absent or altered."""
         row = self._select(key)
         if row is None or _checksum(key, row[1]) != row[2]:
             return None

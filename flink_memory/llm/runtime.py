@@ -95,7 +95,6 @@ def acquire_runtime(config: Config, output_dir: str | None) -> Runtime:
         runtime = _RUNTIMES.get(key)
         if runtime is None:
             client = make_client(config, output_dir)
-            client.seed_calibration()
             pool = CallPool(client.complete, config.llm.max_concurrency, min_poll_ms=config.job.poll_interval_ms)
             runtime = Runtime(client, pool, RequestFactory.from_config(config.llm, client.counter),
                               journal_on=client.journal is not None)

@@ -1,6 +1,8 @@
 """The batcher stage: memory units in, one batch summary node per batch out, per agent in batch order.
 
-Batches close by count or tokens. On an unbounded input a partial batch also closes `batching.flush_after_s`
+Batches close by count or tokens, at a scale the agent's own first batch report decides (`BatchScale`): a
+boundary depends on the input alone, never on when a call ended, so a rerun on the same journal asks the
+same requests. On an unbounded input a partial batch also closes `batching.flush_after_s`
 after its first unit; on a bounded one it closes when the input ends, never because the job is slow.
 
 Changes: a retracted unit leaves the buffer; or the pending batch it is in, whose summary job is rebuilt and
@@ -15,6 +17,8 @@ its rows and the batch nodes go, numbered in the order they were decided, into t
 
 from __future__ import annotations
 
+from typing import Any
+
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
@@ -26,9 +30,11 @@ from flink_memory.stages.batcher_state import (
     DONE,
     HOMES,
     META,
+    SCALE,
     SCHEMA,
     UNITS,
     BatcherMeta,
+    BatchScale,
     DoneBatch,
     PendingBatch,
     StoredUnit,
@@ -67,6 +73,10 @@ class BatcherCore(BatchRevisions):
         self.editable_ms = int(config.memory.editable_for * 1000)
         self.log_nodes = config.summarization.retention != "global_only"  # (the merger writes the same nodes)
         self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
+        calibration = factory.budget.counter.calibration
+        self.initial = calibration.initial  # the estimate's upper bound: what a batch packs at before a report
+        self.scale_of = calibration.scale_of  # a reported ratio as a scale (margin, steps: settings, not learned)
+        self.learns = not factory.budget.counter.exact  # an exact tokenizer has nothing to wait for
 
     # --- activations ---------------------------------------------------------------------------------
 
@@ -91,24 +101,27 @@ class BatcherCore(BatchRevisions):
         state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
         _send(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
-        summarized = self._release(state, buffer, meta, finished, now_ms, effects)
-        for taken in buffer.add(unit_entry(unit), self.limits, now_ms, self.factory.budget):
-            batch = self._open_batch(state, meta, taken)
-            if batch is not None:  # (only a batch summarized now can let batches leave: the others wait for a wake)
-                self._drive(state, batch, finished, now_ms, effects)
-                summarized = summarized or batch.text is not None
+        scale = self._scale(state)
+        summarized = self._release(state, buffer, meta, scale, finished, now_ms, effects)
+        for batch in self._pack(state, buffer, meta, scale, unit_entry(unit), now_ms):
+            # (only a batch summarized now can let batches leave: the others wait for a wake)
+            self._drive(state, batch, finished, now_ms, effects, scale)
+            summarized = summarized or batch.text is not None
         return self._finish(state, buffer, meta, effects, now_ms, emit=summarized)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
         effects = self._rebase(state, meta, Effects())
-        self._release(state, buffer, meta, finished, now_ms, effects)
-        due = self._flush_due(buffer, meta)
-        if buffer.count and due is not None and now_ms >= due:
-            self._open_batch(state, meta, buffer.take())
+        scale = self._scale(state)
+        self._release(state, buffer, meta, scale, finished, now_ms, effects)
         for _, batch in state.items(BATCHES):
             if batch.text is None:
-                self._drive(state, batch, finished, now_ms, effects)
+                self._drive(state, batch, finished, now_ms, effects, scale)
+        self._release(state, buffer, meta, scale, finished, now_ms, effects)  # (a report that came just now)
+        due = self._flush_due(buffer, meta)
+        if buffer.count and due is not None and now_ms >= due and not buffer.held:
+            if (flushed := self._close(state, meta, scale, buffer.take())) is not None:
+                self._drive(state, flushed, finished, now_ms, effects, scale)
         for seq in list(meta.resummarizing):
             self._resummarize(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
         self._sweep(state, meta, now_ms)
@@ -152,6 +165,8 @@ class BatcherCore(BatchRevisions):
                 state.put(BATCHES, key, batch.model_copy(update={"units": [], "text": "",
                                                                  "revision": batch.revision + 1}))
         buffer.take()
+        if (scale := self._scale(state)).awaiting is not None:  # (the batch it awaited left unsummarized)
+            state.set(SCALE, scale.model_copy(update={"awaiting": None}))
         _drop(meta, effects, gone, reason)
         self._emit(state, meta, effects)
         if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
@@ -160,23 +175,71 @@ class BatcherCore(BatchRevisions):
 
     # --- batches -------------------------------------------------------------------------------------
 
-    def _release(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, finished: Finished,
-                 now_ms: int, effects: Effects) -> bool:
-        """A buffer opened before the first batch report (at the estimate's upper bound: about half full on a
-        real vocabulary) is packed again by what the report taught once it has come, rather than closed at
-        the scale it was opened with; True when a batch it closed is already summarized (a journal hit)."""
-        budget = self.factory.budget
-        if not buffer.count or buffer.scale is None or buffer.scale <= budget.counter.scale_for("batch"):
+    def _release(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, scale: BatchScale,
+                 finished: Finished, now_ms: int, effects: Effects) -> bool:
+        """Units held for the agent's first batch report are packed once it has come (or once the batch they
+        waited for is gone); True when a batch this closed is already summarized (a journal hit)."""
+        if not buffer.held or self._opening(scale) is None:
             return False
         entries = [None if (stored := state.entry(UNITS, _key(seq))) is None else unit_entry(stored.unit)
                    for seq in range(buffer.first, buffer.next_seq)]
+        opened_at = buffer.unpack()
+        if opened_at is not None:  # (what holding cost: the first held unit waited that long)
+            effects.counts["first_report_wait_ms"] += max(0, now_ms - opened_at)
         summarized = False
-        for taken in buffer.repack(entries, self.limits, now_ms, budget):
-            batch = self._open_batch(state, meta, taken)
-            if batch is not None:
-                self._drive(state, batch, finished, now_ms, effects)
+        for entry in entries:
+            for batch in self._pack(state, buffer, meta, scale, entry, now_ms):
+                self._drive(state, batch, finished, now_ms, effects, scale)
                 summarized = summarized or batch.text is not None
+        if buffer.count and opened_at is not None:  # (the units left over arrived that long ago)
+            buffer.opened_at_ms = min(opened_at, buffer.opened_at_ms or opened_at)
         return summarized
+
+    def _scale(self, state: StateTransaction) -> BatchScale:
+        return state.get(SCALE, BatchScale) or BatchScale()
+
+    def _opening(self, scale: BatchScale) -> float | None:
+        """The scale a batch opened now packs at: the agent's learned one; the upper bound for its first
+        batch; None (hold its units) while the first batch's report is awaited."""
+        if not self.learns:
+            return self.initial
+        if scale.scale is not None:
+            return scale.scale
+        return self.initial if scale.awaiting is None else None
+
+    def _pack(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, scale: BatchScale,
+              entry: dict[str, Any] | None, now_ms: int) -> list[PendingBatch]:
+        """One entry (None: a gap) into the open batch; returns the batches this closes."""
+        closed = []
+        if entry is not None and not buffer.fits(entry, self.limits, self.factory.budget):
+            closed.append(self._close(state, meta, scale, buffer.take()))
+        taken = buffer.put(entry, self.limits, now_ms, self.factory.budget, self._opening(scale))
+        if taken is not None:
+            closed.append(self._close(state, meta, scale, taken))
+        return [batch for batch in closed if batch is not None]
+
+    def _close(self, state: StateTransaction, meta: BatcherMeta, scale: BatchScale,
+               taken: ClosedBatch) -> PendingBatch | None:
+        """A decided boundary: the batch goes to be summarized; the agent's first one is awaited."""
+        batch = self._open_batch(state, meta, taken)
+        if batch is not None and self.learns and scale.scale is None and scale.awaiting is None:
+            scale.awaiting = batch.seq
+            state.set(SCALE, scale)
+        return batch
+
+    def _learn(self, state: StateTransaction, scale: BatchScale, batch: PendingBatch) -> None:
+        """The awaited batch's first round has reported: later batches pack at what it taught (the upper
+        bound when the provider reports no usage)."""
+        if scale.awaiting != batch.seq or scale.scale is not None:
+            return
+        if batch.job.own_ratio is not None:
+            scale.scale = self.scale_of(batch.job.own_ratio)
+        elif batch.text is not None:
+            scale.scale = self.initial
+        else:
+            return
+        scale.awaiting = None
+        state.set(SCALE, scale)
 
     def _load(self, state: StateTransaction) -> tuple[BatchBuffer, BatcherMeta]:
         return state.get(BUFFER, BatchBuffer) or BatchBuffer(), state.get(META, BatcherMeta) or BatcherMeta()
@@ -233,17 +296,18 @@ class BatcherCore(BatchRevisions):
                             last_ts=stamps[-1] if stamps else None, job=self._job(units, scale))
 
     def _job(self, units: list[MemoryUnit], scale: float | None = None) -> ReduceJob:
-        """The batch's summary job, packed at the scale its units were batched with (None: the current)."""
+        """The batch's summary job, packed at the scale its units were batched with (None: the upper bound)."""
         return ReduceJob(purpose="batch", entries=[unit_entry(u) for u in units],
                          target_tokens=self.limits.target_tokens, scale=scale)
 
     def _drive(self, state: StateTransaction, batch: PendingBatch, finished: Finished, now_ms: int,
-               effects: Effects) -> None:
+               effects: Effects, scale: BatchScale) -> None:
         progress = drive(batch.job, self.factory, finished, now_ms, self.retry)
         effects.track(progress, batch.job)
         if progress.state == "done":
             batch.text = progress.value
         state.put(BATCHES, _key(batch.seq), batch)
+        self._learn(state, scale, batch)
 
     def _emit(self, state: StateTransaction, meta: BatcherMeta, effects: Effects, now_ms: int = 0) -> None:
         """Finished batches leave in batch order, so the tree downstream sees a stable chronology."""
@@ -296,6 +360,7 @@ class BatcherCore(BatchRevisions):
     def _retract(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, unit_ids: list[str],
                  finished: Finished, now_ms: int, effects: Effects) -> None:
         """Take units out wherever they are; batches already emitted are summarized again without them."""
+        scale = self._scale(state)
         touched_pending: set[int] = set()
         touched_done: set[int] = set()
         gone: list[str] = []  # (their rows leave the store at once)
@@ -325,12 +390,16 @@ class BatcherCore(BatchRevisions):
             if not pending.units:  # it leaves as an empty node, as an emitted batch with no unit left does
                 rebuilt.text = ""
                 state.put(BATCHES, _key(seq), rebuilt)
+                if scale.awaiting == seq:  # (the awaited batch is gone: the next one closed tells)
+                    scale.awaiting = None
+                    state.set(SCALE, scale)
                 continue
             state.put(BATCHES, _key(seq), rebuilt)
-            self._drive(state, rebuilt, finished, now_ms, effects)
+            self._drive(state, rebuilt, finished, now_ms, effects, scale)
+        self._release(state, buffer, meta, scale, finished, now_ms, effects)  # (the units a gone batch held)
         for seq in sorted(touched_done):
             done = state.entry(DONE, _key(seq))
-            done.job = self._job(done.units) if done.units else None
+            done.job = self._job(done.units, scale.scale or self.initial) if done.units else None
             # one more for this change (one retraction message); a revision running in state from release
             # 0.2.0 (no target kept) already stands for one
             done.target = max(done.target, done.revision + (1 if seq in meta.resummarizing else 0)) + 1
@@ -344,6 +413,7 @@ class BatcherCore(BatchRevisions):
         """Everything of the agent goes; batch numbers go on, so no node id is ever used twice."""
         for name in (UNITS, BATCHES, HOMES, DONE):
             state.clear_map(name)
+        state.set(SCALE, None)
         buffer.take()
         meta.next_emit, meta.resummarizing, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
         _send(meta, effects, [forgotten(state.key)])
@@ -356,7 +426,7 @@ class BatcherCore(BatchRevisions):
         if emit:
             self._emit(state, meta, effects, now_ms)
         due = self._flush_due(buffer, meta)
-        if buffer.count and due is not None:
+        if buffer.count and due is not None and not buffer.held:  # (held: the awaited call's end wakes it)
             effects.wake(max(due, now_ms))
         effects.sweep(meta.next_sweep_ms)
         state.set(BUFFER, buffer if buffer.count or buffer.first else None)

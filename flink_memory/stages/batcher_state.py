@@ -1,11 +1,12 @@
 """The batcher's keyed state: its names, the objects its core works with, and the stored layout of each.
 
-Per agent: the open batch's buffer (small: counts and dates) with its units in a map by sequence number,
-where each unit is (a map by unit id), the batches being summarized, the emitted batches whose units are
-still editable, and the counters (`BatcherMeta`). The `*V2` models are the checkpoint layout (version 2:
-their names and JSON fields are in every checkpoint); the domain types beside them may change freely, each
-conversion being field by field (`flink_memory.state_layout.StateModel`). Units are `records.MemoryUnit`, an
-output contract of its own, stored as it is.
+Per agent: the open batch's buffer (small: counts and dates) with its units in a map by sequence number, where
+each unit is (a map by unit id), the scale its batches are packed at (`BatchScale`), the batches being
+summarized, the emitted batches whose units are still editable, and the counters (`BatcherMeta`). The `*V2`
+models are the checkpoint layout (version 2: their names and JSON fields are in every checkpoint); the domain
+types beside them may change freely, each conversion being field by field
+(`flink_memory.state_layout.StateModel`). Units are `records.MemoryUnit`, an output contract of its own,
+stored as it is.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from flink_memory.summarize.reduce import ReduceJob
 
 BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
 HOMES, DONE = "batcher_homes", "batcher_done"
+SCALE = "batcher_scale"
 
 
 class BatcherMeta(BaseModel):
@@ -34,6 +36,18 @@ class BatcherMeta(BaseModel):
     log_seq: int = 0  # entries of the agent's batcher log (unit rows and batch nodes) written so far
     history: str = ""  # the history and branch the log was last written in (stages.unit_rows.Lineage)
     branch: str = ""
+
+
+class BatchScale(BaseModel):
+    """The scale the agent's batches are packed at, from its own first batch report (None: not known yet).
+
+    The first batch is opened at the estimate's upper bound; the units after it wait for its report
+    (`awaiting`: that batch's number), then every later batch is packed at what it taught. Learned from the
+    agent's own requests, whose reports a rerun reads back from the journal, so each boundary is decided
+    from the input alone: the same in every run, whatever the latency or the number of subtasks."""
+
+    scale: float | None = None
+    awaiting: int | None = None
 
 
 class PendingBatch(BaseModel):
@@ -104,6 +118,13 @@ class BatcherMetaV2(StateModel):
     branch: str = ""
 
 
+class BatchScaleV2(StateModel):
+    stores: ClassVar = BatchScale
+
+    scale: float | None = None
+    awaiting: int | None = None
+
+
 class PendingBatchV2(StateModel):
     stores: ClassVar = PendingBatch
 
@@ -144,6 +165,6 @@ class StoredUnitV2(StateModel):
     arrived_ms: int | None = None
 
 
-SCHEMA = StateSchema(values={BUFFER: BatchBufferV2, META: BatcherMetaV2},
+SCHEMA = StateSchema(values={BUFFER: BatchBufferV2, META: BatcherMetaV2, SCALE: BatchScaleV2},
                      maps={UNITS: StoredUnitV2, BATCHES: PendingBatchV2, HOMES: UnitHomeV2,
                            DONE: DoneBatchV2})

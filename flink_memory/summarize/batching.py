@@ -6,7 +6,6 @@ by sequence number, so adding a unit reads and writes one entry, never the whole
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any, NamedTuple
 
 from pydantic import BaseModel
@@ -31,9 +30,11 @@ class ClosedBatch(NamedTuple):
 class BatchBuffer(BaseModel):
     """Units waiting for their batch: sequence numbers first .. first + count - 1.
 
-    The open batch keeps the calibration scale it was opened with, so where it closes depends on the units
-    alone: a job restored from a checkpoint closes it at the same unit and sends the same request (a journal
-    hit), whatever the counter has learned since."""
+    The open batch is packed at the scale it was opened with, which its agent's batcher decides (its own
+    first batch report, `stages.batcher`): where it closes depends on the units and that scale alone, never
+    on when a call ended, so every run and every replay closes it at the same unit. A buffer opened with no
+    scale (`held`: the agent's first batch has not reported yet) only keeps its units in order; the batcher
+    packs them once the report has come."""
 
     first: int = 0
     count: int = 0
@@ -47,50 +48,47 @@ class BatchBuffer(BaseModel):
         """The sequence number the next unit gets."""
         return self.first + self.count
 
-    def add(self, entry: dict[str, Any], limits: BatchLimits, now_ms: int, budget: Budget) -> list[ClosedBatch]:
-        """Add one entry (it gets `next_seq`); returns the batches this closes.
+    @property
+    def held(self) -> bool:
+        """Units kept without a scale to pack them at (see the class)."""
+        return bool(self.count) and self.scale is None
 
-        Costs are counted as the batch request renders them (a date line only where the day changes). A unit
-        larger than the whole budget is a batch of its own (the reduce job splits its text).
-        """
-        closed: list[ClosedBatch] = []
-        self._open(budget, now_ms)
-        cost = self._packer(budget).cost(entry)
-        if self.count and self.tokens + cost > limits.max_tokens(budget, self.scale):
-            closed.append(self.take())
-            self._open(budget, now_ms)
-            cost = self._packer(budget).cost(entry)
-        self.count += 1
-        self.tokens += cost
-        self.last = {"from": entry.get("from"), "to": entry.get("to"), "text": ""}
-        if self.count >= limits.max_items or self.tokens >= limits.max_tokens(budget, self.scale):
-            closed.append(self.take())
-        return closed
+    def fits(self, entry: dict[str, Any], limits: BatchLimits, budget: Budget) -> bool:
+        """Whether `entry` joins the open batch (always, when none is open or it is held)."""
+        if not self.count or self.scale is None:
+            return True
+        return self.tokens + self._packer(budget).cost(entry) <= limits.max_tokens(budget, self.scale)
 
-    def repack(self, entries: list[dict[str, Any] | None], limits: BatchLimits, now_ms: int,
-               budget: Budget) -> Iterator[ClosedBatch]:
-        """Pack the buffered entries again, at the scale of now (`entries`: those of `first` .. `next_seq - 1`,
-        None for a unit retracted meanwhile); yields the batches this closes, the rest stays buffered."""
-        opened_at = self.opened_at_ms
-        self.count, self.tokens, self.last, self.scale = 0, 0, None, None
-        for entry in entries:
-            if entry is None:  # (a gap keeps its sequence number)
-                self._open(budget, now_ms)
-                self.count += 1
-                continue
-            yield from self.add(entry, limits, now_ms, budget)
-        if self.count and opened_at is not None:  # (the units left over arrived that long ago)
-            self.opened_at_ms = min(opened_at, self.opened_at_ms or opened_at)
-
-    def _open(self, budget: Budget, now_ms: int) -> None:
+    def put(self, entry: dict[str, Any] | None, limits: BatchLimits, now_ms: int, budget: Budget,
+            scale: float | None) -> ClosedBatch | None:
+        """Add one entry (it gets `next_seq`; None: a gap, a unit retracted meanwhile), opening a batch at
+        `scale` when none is open; returns the batch when this fills it (by count, or by tokens as the batch
+        request renders them: a date line only where the day changes). A unit larger than the whole budget is
+        a batch of its own (the reduce job splits its text)."""
         if not self.count:
-            self.opened_at_ms = now_ms
-        if self.scale is None:  # (a buffer opened without a scale takes the current one once)
-            self.scale = budget.counter.scale_for("batch")
+            self.opened_at_ms, self.scale = now_ms, scale
+        self.count += 1
+        if entry is None:
+            return None
+        if self.scale is not None:
+            self.tokens += self._packer(budget, self.count - 1).cost(entry)
+        self.last = {"from": entry.get("from"), "to": entry.get("to"), "text": ""}
+        if self.scale is not None and (self.count >= limits.max_items
+                                       or self.tokens >= limits.max_tokens(budget, self.scale)):
+            return self.take()
+        return None
 
-    def _packer(self, budget: Budget) -> Packer:
+    def unpack(self) -> int | None:
+        """Empty the open batch to pack its units again (they keep their sequence numbers); returns when it
+        opened."""
+        opened_at = self.opened_at_ms
+        self.count, self.tokens, self.opened_at_ms, self.last, self.scale = 0, 0, None, None, None
+        return opened_at
+
+    def _packer(self, budget: Budget, count: int | None = None) -> Packer:
         """A packer positioned after the buffered units (only the last one's date matters)."""
-        return Packer.after(budget.counter, self.count, self.tokens, self.last, self.scale)
+        return Packer.after(budget.counter, self.count if count is None else count, self.tokens, self.last,
+                            self.scale)
 
     def take(self) -> ClosedBatch:
         taken = ClosedBatch(range(self.first, self.first + self.count), self.scale)

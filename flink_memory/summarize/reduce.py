@@ -41,14 +41,13 @@ class ReduceJob(BaseModel):
     purpose: Purpose
     entries: list[dict[str, Any]]
     target_tokens: int | None = None  # length asked of the final summary; None: llm.max_output_tokens
-    scale: float | None = None  # the counter's scale when this round was first packed (kept for replays)
-    # the scale the round's part requests are packed at, when they are parts (kept for replays): never below
-    # what parts have taught, which before their first report is the upper bound
-    round_scale: float | None = None
+    # the scale this round is packed at (kept for replays): the owner's (a batch's, from its agent's first
+    # report), else the estimate's upper bound, or tighter where the job's last round taught how its text counts
+    scale: float | None = None
+    round_scale: float | None = None  # a part round's own scale, kept by jobs of releases before 0.9; never set now
     # the largest ratio (provider count / our count) the provider reported for the last round's requests:
-    # what the next round's text (their answers) counts like. Another agent's reports of the same kind may
-    # overstate it many times (emoji, CJK or prose against numbers): at the kind's scale no two of its
-    # summaries would fit one request, and it would never end
+    # what the next round's text (their answers) counts like, learned from the job's own requests only, so a
+    # rerun packs its next round the same
     own_ratio: float | None = None
     round: int = 0
     prompt_tokens: int = 0
@@ -70,9 +69,10 @@ class ReduceJob(BaseModel):
         return min(self.target_tokens or budget.max_output_tokens, budget.max_output_tokens)
 
     def _scale_now(self, budget: Budget) -> float:
-        """The scale a round packed now takes: the kind's, or tighter where the last round's reports taught how
-        the job's own text counts."""
-        scale = budget.counter.scale_for(self.purpose)
+        """The scale a round packed now takes: the upper bound, or tighter where the last round's reports taught
+        how the job's own text counts. Never what the process has learned from other requests: that depends on
+        which calls ended first, and a rerun would cut differently and pay again."""
+        scale = budget.counter.calibration.initial
         if self.own_ratio is not None:
             scale = min(scale, budget.counter.calibration.scale_of(self.own_ratio))
         return scale
@@ -83,9 +83,7 @@ class ReduceJob(BaseModel):
         final, groups = self._plan_at(budget, self.scale)
         if final or self._round_purpose == self.purpose:
             return final, groups
-        if self.round_scale is None:
-            self.round_scale = max(self.scale, budget.counter.scale_for(self._round_purpose))
-        if self.round_scale > self.scale:  # (more entries per token: never final where the job's scale is not)
+        if self.round_scale is not None and self.round_scale > self.scale:  # (never final where the job's is not)
             return False, self._plan_at(budget, self.round_scale)[1]
         return False, groups
 
@@ -171,8 +169,9 @@ class ReduceJob(BaseModel):
         if self.round >= MAX_ROUNDS:
             raise ReductionStalled(f"{self.purpose} summary did not converge in {MAX_ROUNDS} rounds")
         self.entries = [_condensed(group, result) for group, result in zip(groups, results)]
-        # the next round is packed by what the counter has learned meanwhile (kept in state from then on)
-        self.scale = max(factory.budget.counter.scale_for(self.purpose), self.scale or 0.0) if self.rejections else None
+        # the next round is packed by what this round's reports taught (kept in state from then on), or at the
+        # scale a length rejection forced
+        self.scale = self.scale if self.rejections else None
         self.round_scale = None
         return None
 
@@ -181,7 +180,7 @@ class ReduceJob(BaseModel):
         if self.rejections >= MAX_REJECTIONS:
             return False
         self.rejections += 1
-        self.scale = max((self.scale or 1.0) * 1.25, factory.budget.counter.scale_for(self.purpose))
+        self.scale = (self.scale or factory.budget.counter.calibration.initial) * 1.25
         self.round_scale = None
         return True
 

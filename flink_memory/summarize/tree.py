@@ -149,8 +149,9 @@ class SummaryTree(BaseModel):
     def _form_groups(self, level: int, fan_in: int, budget: Budget,
                      lookup: Callable[[str], SummaryNode]) -> list[MergeStart]:
         started: list[MergeStart] = []
-        # packed as the merge job will pack it: by what the provider's counts of summaries and merges taught
-        scale = budget.counter.scale_for("merge")
+        # packed as the merge job will pack it: at the upper bound, each summary's line bounded by the provider's
+        # count of it when it was written (prompts.written_bound), never by what other calls taught the process
+        scale = budget.counter.calibration.initial
         limit = entry_limit(budget, "merge", scale)
         slots = self._level(level)
         while True:

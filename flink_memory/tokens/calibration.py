@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from flink_memory.tokens.tokenizer import Tokenizer
@@ -78,13 +77,6 @@ class Calibration:
             if grew:
                 learned[kind] = reported / ours
             return grew and not rejection
-
-    def seed(self, ratios: Mapping[str, float]) -> None:
-        """Start from ratios learned before on the same endpoint, model and tokenizer (kept in the journal)."""
-        with self._lock:
-            for kind, ratio in ratios.items():
-                if ratio > 0:
-                    self.ratios[kind] = max(self.ratios.get(kind, 0.0), ratio)
 
 
 def make_calibration(tokenizer: Tokenizer) -> Calibration:
