@@ -27,7 +27,7 @@ from flink_memory.store.schema import COLUMNS, NODES, node_row, unit_row
 
 SAMPLE = Path(__file__).resolve().parent.parent / "samples" / "memories.jsonl"
 CHANGES = [{"agent_id": "agent-0", "id": "a0-m001", "ts": "2026-03-03T09:00:00Z",
-            "text": "Correction: the quarterly review moved to Friday, confirmed by Chen Wei."},
+            "text": "Chen Wei moved to Vancouver in March and now prefers meetings after 10:00."},
            {"agent_id": "agent-0", "id": "a0-m002", "deleted": True}]
 
 
