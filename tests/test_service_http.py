@@ -302,3 +302,20 @@ def test_the_page_needs_no_key_and_sends_a_strict_policy(store, tmp_path):
             assert "<script>" not in body and "<style" not in body and " style=" not in body  # nothing inline
         assert call(f"{url}/ui/secret.txt")[0] == 404
         assert "/ui/" not in " ".join(call(f"{url}/openapi.json")[1]["paths"])
+
+
+def test_serve_open_opens_the_page_once_the_server_answers(base, monkeypatch, capsys):
+    import webbrowser
+
+    from flink_memory.cli.serve import add_commands, open_when_up
+
+    opened = []
+    monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url) or False)
+    open_when_up(f"{base}/ui/")
+    assert opened == [f"{base}/ui/"] and f"open {base}/ui/" in capsys.readouterr().err  # (no browser here)
+    import argparse
+
+    commands = argparse.ArgumentParser().add_subparsers()
+    add_commands(commands)
+    args = commands.choices["serve"].parse_args(["--store", "out/sample/memory.sqlite", "--read-only", "--open"])
+    assert args.open and args.read_only
