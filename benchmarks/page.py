@@ -82,6 +82,7 @@ def screenshots(browser, url: str, folder: Path) -> list[Path]:
     for kind in ("merge", "batch"):
         page.click(f"#tree li.node[data-kind='{kind}'] > .row .toggle")
         page.wait_for_selector(f"#tree li.node[data-kind='{kind}'] > ul.children > li.node")
+    page.evaluate("window.scrollTo(0, 0)")
     shots = [folder / "page-tree.png"]
     page.screenshot(path=str(shots[-1]))
     page.click("#tabs button[data-view='history']")

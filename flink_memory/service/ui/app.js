@@ -209,7 +209,8 @@ function nodeItem(item, depth) {
   }
   row.append(el("span", { class: "kind", text: item.kind }), el("span", { class: "desc", text: describe(item) }),
     badges(item));
-  li.append(row, el("p", { class: "text", text: item.text }), el("ul", { class: "children", hidden: "" }));
+  li.append(row, el("p", { class: "text", title: "click: all of it", text: item.text }),
+    el("ul", { class: "children", hidden: "" }));
   li.item = item;
   return li;
 }
@@ -309,7 +310,8 @@ async function loadHistory() {
     for (const event of page.events) {
       const row = el("tr", { class: event.kind, "data-id": event.node_id });
       row.append(el("td", { text: event.last_ts || "?" }), el("td", { text: event.kind }),
-        el("td", { text: event.node_id }), el("td", {}, badges(event)), el("td", { class: "text", text: event.text }));
+        el("td", { text: event.node_id }), el("td", {}, badges(event)),
+        el("td", {}, el("div", { class: "text", title: "click: all of it", text: event.text })));
       body.append(row);
     }
     state.historyOffset += page.events.length;
@@ -388,6 +390,10 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   for (const tab of document.querySelectorAll("#tabs button")) tab.addEventListener("click", () => go(tab.dataset.view));
   $("#history-more").addEventListener("click", loadHistory);
+  document.addEventListener("click", (event) => { // a long text opens whole on a click
+    const text = event.target.closest(".tree .text, #history .text");
+    if (text) text.classList.toggle("full");
+  });
   $("#recall-form").addEventListener("submit", recall);
   window.addEventListener("hashchange", () => { if (!$("#app").hidden) route(); });
   offerAsOf();
