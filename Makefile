@@ -68,6 +68,7 @@ run: $(STAMP)
 	$(BIN)/flink-memory run --input samples/memories.jsonl --output out/sample --parallelism 2 \
 	  --set llm.max_output_tokens=160 --set journal.path=out/journal.sqlite \
 	  --set batching.max_items=10 --set summarization.fan_in=4 --ask "Which city is Chen Wei based in?"
+	@echo "See this memory in a browser (the tree, its history, recall): $(BIN)/flink-memory serve --store out/sample/memory.sqlite --read-only --open"
 
 # the Flink Agents tests (tests/agents) run in the agents environment; their MCP door test starts the service
 # from .venv

@@ -52,7 +52,8 @@ def test_health_and_the_openapi_document(base):
     assert status == 200 and doc["openapi"].startswith("3.")
     assert set(doc["paths"]) == {"/v1/health", "/v1/agents/{agent_id}/memory", "/v1/agents/{agent_id}/recall",
                                  "/v1/agents/{agent_id}/memories", "/v1/agents/{agent_id}/memories/{record_id}",
-                                 "/v1/agents/{agent_id}"}
+                                 "/v1/agents/{agent_id}", "/v1/agents", "/v1/agents/{agent_id}/history",
+                                 "/v1/agents/{agent_id}/nodes/{node_id}/children", "/v1/agents/{agent_id}/store"}
     remember = doc["paths"]["/v1/agents/{agent_id}/memories"]["post"]
     assert remember["requestBody"]["content"]["application/json"]["schema"] == {
         "$ref": "#/components/schemas/RememberRequest"}
@@ -237,3 +238,84 @@ def test_recall_takes_a_diversity_and_names_what_a_hit_folds(base):
     assert folded and not folded & shown and shown | folded == {h["node_id"] for h in plain["hits"]}
     status, answer = call(f"{base}/v1/agents/alice/recall", "POST", {**question, "diversity": 1.5})
     assert status == 422
+
+
+def test_the_browsers_reads_agents_children_history_store(store, tmp_path):
+    from flink_memory.service.keys import add_key
+
+    keys = str(tmp_path / "keys.json")
+    alice, _ = add_key(keys, ["alice"])
+    with serving(ServeOptions(store=store, keys=keys)) as url:
+        assert call(f"{url}/v1/agents")[0] == 401
+        assert call(f"{url}/v1/agents", key=alice) == (200, {"agents": ["alice"]})
+        status, page = call(f"{url}/v1/agents/alice/nodes/alice-g1/children", key=alice)
+        assert status == 200 and (page["total"], page["missing"]) == (1, 0)
+        assert [(c["node_id"], c["kind"], c["children"]) for c in page["children"]] == [("alice-b1", "batch", 2)]
+        status, page = call(f"{url}/v1/agents/alice/nodes/alice-b1/children?offset=1&limit=1", key=alice)
+        assert (page["total"], page["offset"]) == (2, 1)
+        assert [(c["node_id"], c["kind"], c["text"]) for c in page["children"]] == [
+            ("alice-1", "unit", "Alice's dog is a beagle named Rex.")]
+        assert call(f"{url}/v1/agents/alice/nodes/nothing/children", key=alice)[0] == 404
+        assert call(f"{url}/v1/agents/alice/nodes/alice-g1/children?limit=501", key=alice)[0] == 422
+        status, history = call(f"{url}/v1/agents/alice/history", key=alice)
+        assert status == 200 and history["total"] == 4 and history["replaced"] == 0
+        assert {e["node_id"] for e in history["events"]} == {"alice-0", "alice-1", "alice-b1", "alice-g1"}
+        status, facts = call(f"{url}/v1/agents/alice/store", key=alice)
+        assert status == 200 and (facts["rows"], facts["rows_with_vectors"], facts["embedding_model"]) == (4, 0, None)
+        # another agent's: the same 404 as one that does not exist, on every read
+        for path in ("nodes/bob-g1/children", "history", "store"):
+            status, answer = call(f"{url}/v1/agents/bob/{path}", key=alice)
+            assert (status, answer) == (404, {"detail": "no memory for agent 'bob'"})
+            nobody = call(f"{url}/v1/agents/nobody/{path}", key=alice)
+            assert nobody == (404, {"detail": "no memory for agent 'nobody'"})
+
+
+def test_recall_explains_its_scores_and_places_hits_in_the_tree(base):
+    question = {"question": "What did Alice pay for the boat?", "k": 3, "diversity": 0}
+    status, plain = call(f"{base}/v1/agents/alice/recall", "POST", question)
+    assert status == 200 and "paths" not in plain and not any("parts" in h for h in plain["hits"])
+    status, explained = call(f"{base}/v1/agents/alice/recall", "POST", {**question, "explain": True})
+    assert [(h["node_id"], h["score"]) for h in explained["hits"]] == [(h["node_id"], h["score"])
+                                                                        for h in plain["hits"]]
+    assert explained["paths"] == {"alice-0": ["alice-g1", "alice-b1"], "alice-b1": ["alice-g1"], "alice-g1": []}
+    for hit in explained["hits"]:  # keyword mode (no embedder): score = relevance x specificity
+        parts = hit["parts"]
+        assert parts["cosine"] is None and parts["keyword"] > 0
+        assert hit["score"] == pytest.approx(parts["relevance"] * parts["specificity"], rel=1e-4)
+
+
+def test_the_page_needs_no_key_and_sends_a_strict_policy(store, tmp_path):
+    import urllib.request
+
+    from flink_memory.service.keys import add_key
+    from flink_memory.service.page import CSP
+
+    keys = str(tmp_path / "keys.json")
+    add_key(keys, ["alice"])
+    with serving(ServeOptions(store=store, keys=keys)) as url:
+        for name, kind in (("", "text/html"), ("app.js", "text/javascript"), ("app.css", "text/css")):
+            with urllib.request.urlopen(f"{url}/ui/{name}") as answer:
+                assert answer.headers["content-type"].startswith(kind)
+                assert answer.headers["content-security-policy"] == CSP
+                body = answer.read().decode()
+            assert "http://" not in body and "https://" not in body  # nothing from elsewhere
+            assert "<script>" not in body and "<style" not in body and " style=" not in body  # nothing inline
+        assert call(f"{url}/ui/secret.txt")[0] == 404
+        assert "/ui/" not in " ".join(call(f"{url}/openapi.json")[1]["paths"])
+
+
+def test_serve_open_opens_the_page_once_the_server_answers(base, monkeypatch, capsys):
+    import webbrowser
+
+    from flink_memory.cli.serve import add_commands, open_when_up
+
+    opened = []
+    monkeypatch.setattr(webbrowser, "open", lambda url: opened.append(url) or False)
+    open_when_up(f"{base}/ui/")
+    assert opened == [f"{base}/ui/"] and f"open {base}/ui/" in capsys.readouterr().err  # (no browser here)
+    import argparse
+
+    commands = argparse.ArgumentParser().add_subparsers()
+    add_commands(commands)
+    args = commands.choices["serve"].parse_args(["--store", "out/sample/memory.sqlite", "--read-only", "--open"])
+    assert args.open and args.read_only

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+import threading
+import time
 
 from flink_memory.cli.args import positive
 from flink_memory.service.keys import KeysError, add_key, load_keys, revoke_key
@@ -37,6 +39,7 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     serve.add_argument("--workers", type=positive, default=machine_cores(), metavar="N", help="HTTP: processes "
                        "sharing the port, each with its own store connections and caches (default: the cores this "
                        "process may run on; a process serves on about one core)")
+    serve.add_argument("--open", action="store_true", help="open the browser page (/ui/) once the server answers")
     serve.add_argument("--config", help="for the embeddings.* settings of recall by meaning")
     serve.add_argument("--set", dest="overrides", action="append", default=[])
     serve.set_defaults(handler=run_serve)
@@ -71,6 +74,22 @@ def run_keys(args: argparse.Namespace) -> int:
     return 0
 
 
+def open_when_up(page: str, wait_s: float = 30.0) -> None:
+    """Open `page` in the default browser once the server answers it (a browser that cannot start: a note)."""
+    import urllib.request
+    import webbrowser
+
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(page, timeout=1):
+                break
+        except OSError:
+            time.sleep(0.2)
+    if not webbrowser.open(page):
+        print(f"[flink-memory] no browser to open here: open {page}", file=sys.stderr)
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from flink_memory.service.server import ServeError, ServeOptions, one_blas_thread, serve_http, serve_stdio
 
@@ -86,6 +105,13 @@ def run_serve(args: argparse.Namespace) -> int:
                                diversity=config.recall.diversity, workers=args.workers,
                                applier_warn_after_s=config.store.applier_warn_after_s)
         embedder = embedder_for(config.embeddings)
+        if not args.stdio:
+            host = f"[{args.host}]" if ":" in args.host else args.host
+            page = f"http://{host}:{args.port}/ui/"
+            print(f"[flink-memory] serving {args.store}: the API at http://{host}:{args.port}/v1, the page at {page}",
+                  file=sys.stderr)
+            if args.open:
+                threading.Thread(target=open_when_up, args=(page,), name="open-page", daemon=True).start()
         (serve_stdio if args.stdio else serve_http)(options, embedder)
     except (ServeError, KeysError, WriteFailed, EmbeddingError, ValueError) as exc:
         print(f"flink-memory: {exc}", file=sys.stderr)

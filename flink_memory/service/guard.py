@@ -1,7 +1,8 @@
 """The door every HTTP request passes before the API or MCP sees it (plain ASGI, no framework):
 
 - the key: `Authorization: Bearer <key>` (or `X-API-Key`), checked against the keys file; no valid key is
-  401 (the health check and the OpenAPI document need none); the key's grant rides in `scope["state"]`;
+  401 (the health check, the OpenAPI document and the browser page's files need none); the key's grant rides in
+  `scope["state"]`;
 - the body: read whole before the app runs, at most `max_body` bytes (413), within `body_timeout_s` (408), so a
   slow or oversized upload never reaches a handler or holds it;
 - one access-log line per request: method, path, status and milliseconds; never a header (the key), a query
@@ -21,6 +22,7 @@ import anyio
 from flink_memory.service.keys import KeyRing
 from flink_memory.service.memory import Everyone
 from flink_memory.service.models import MAX_BODY_BYTES
+from flink_memory.service.page import is_page
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -87,7 +89,7 @@ class Guard:
 
     async def _handle(self, scope: Scope, receive: Receive, send: Send) -> None:
         grant: Any = Everyone()
-        if self.keyring is not None and scope["path"] not in PUBLIC:
+        if self.keyring is not None and scope["path"] not in PUBLIC and not is_page(scope["path"]):
             grant = self.keyring.verify(presented_key(scope))
             if grant is None:
                 await answer(send, 401, "a valid key is required: Authorization: Bearer <key>",

@@ -12,7 +12,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from fastapi import FastAPI, Path, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -24,14 +24,20 @@ from flink_memory.service.guard import Guard
 from flink_memory.service.keys import KeyRing
 from flink_memory.service.memory import MemoryService, ServiceError
 from flink_memory.service.models import (
+    MAX_PAGE,
     Accepted,
+    AgentsResponse,
+    AgentStore,
+    ChildrenResponse,
     Health,
+    HistoryResponse,
     MemoryResponse,
     Problem,
     RecallRequest,
     RecallResponse,
     RememberRequest,
 )
+from flink_memory.service.page import add_page
 
 VERSION = "1"
 
@@ -105,6 +111,29 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
         """The agent's live memory units and summary nodes that best match a question, best first."""
         return service.recall(grant(request), agent_id, body)
 
+    @app.get("/v1/agents", response_model=AgentsResponse, responses=read, tags=["read"])
+    def agents(request: Request) -> AgentsResponse:
+        """The agents with memory in the store that the key may read."""
+        return service.agents(grant(request))
+
+    @app.get("/v1/agents/{agent_id}/nodes/{node_id}/children", response_model=ChildrenResponse, responses=read,
+             tags=["read"])
+    def children(agent_id: str, node_id: str, request: Request, offset: int = Query(0, ge=0),
+                 limit: int = Query(100, ge=1, le=MAX_PAGE)) -> ChildrenResponse:
+        """A page of a live node's children, one level down the tree: nodes, or a batch node's memory units."""
+        return service.children(grant(request), agent_id, node_id, offset, limit)
+
+    @app.get("/v1/agents/{agent_id}/history", response_model=HistoryResponse, responses=read, tags=["read"])
+    def history(agent_id: str, request: Request, offset: int = Query(0, ge=0),
+                limit: int = Query(100, ge=1, le=MAX_PAGE)) -> HistoryResponse:
+        """The agent's live units and nodes over time, newest first, with what changed marked."""
+        return service.history(grant(request), agent_id, offset, limit)
+
+    @app.get("/v1/agents/{agent_id}/store", response_model=AgentStore, responses=read, tags=["read"])
+    def agent_store(agent_id: str, request: Request) -> AgentStore:
+        """The store as the service sees it for this agent: rows, vectors and their model, the commits applied."""
+        return service.agent_store(grant(request), agent_id)
+
     @app.post("/v1/agents/{agent_id}/memories", status_code=202, response_model=Accepted, responses=write,
               tags=["write"], openapi_extra={"requestBody": {"required": True, "content": {
                   "application/json": {"schema": {"$ref": "#/components/schemas/RememberRequest"}}}}})
@@ -145,6 +174,7 @@ def create_app(service: MemoryService, keyring: KeyRing | None, *, mcp_app: Any 
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]
+    add_page(app)
     if mcp_app is not None:
         app.router.routes.extend(mcp_app.routes)
     return Guard(app, keyring, body_timeout_s=body_timeout_s)

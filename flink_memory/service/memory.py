@@ -15,16 +15,22 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Any, Protocol
 
-from flink_memory.records import DeadLetter, parse_line
+from flink_memory.records import DeadLetter, SummaryNode, parse_line
 from flink_memory.service.models import (
     ACCEPTED_DETAIL,
     Accepted,
+    AgentsResponse,
+    AgentStore,
     ApplierLag,
+    ChildrenResponse,
     Health,
+    HistoryEvent,
+    HistoryResponse,
     MemoryResponse,
     RecallRequest,
     RecallResponse,
     TreeEntry,
+    TreeItem,
 )
 from flink_memory.service.pool import PoolBusy, StorePool, default_size
 from flink_memory.service.writer import RecordTooLarge, RecordWriter, WriteFailed, as_line
@@ -69,6 +75,26 @@ class Unavailable(ServiceError):
 
 class NotCreated(Unavailable):
     """The store does not exist yet: the job creates it when it first writes (no agent has memory yet)."""
+
+
+class NodeNotFound(ServiceError):
+    status = 404
+
+
+def tree_item(node: SummaryNode) -> TreeItem:
+    return TreeItem(node_id=node.node_id, kind=node.kind, level=node.level, version=node.version,
+                    item_count=node.item_count, first_ts=node.first_ts, last_ts=node.last_ts, text=node.text,
+                    children=len(node.children), replaces=node.replaces)
+
+
+def ancestors(node_id: str, parents: dict[str, str]) -> list[str]:
+    """The ids above `node_id`, from the top down (`parents`: child id -> parent id)."""
+    path: list[str] = []
+    at = parents.get(node_id)
+    while at is not None and at not in path:
+        path.append(at)
+        at = parents.get(at)
+    return path[::-1]
 
 
 class Grant(Protocol):
@@ -162,8 +188,62 @@ class MemoryService:
             if self.embedder is None and mode == "vector":
                 raise Rejected("recall by meaning is off on this server (embeddings.provider: none); use mode keyword")
             diversity = self.diversity if request.diversity is None else request.diversity
-            hits = store.recall(agent_id, request.question, k=request.k, mode=mode, diversity=diversity)
-        return RecallResponse(hits=hits)
+            hits = store.recall(agent_id, request.question, k=request.k, mode=mode, diversity=diversity,
+                                explain=request.explain)
+            paths = None
+            if request.explain:
+                parents = store.parents(agent_id)
+                paths = {h.node_id: ancestors(h.node_id, parents) for h in hits}
+        return RecallResponse(hits=hits, paths=paths)
+
+    # --- reads for the browser page (flink_memory.service.page) -------------------------------------------
+
+    def agents(self, grant: Grant) -> AgentsResponse:
+        """The agents with memory that the key may read."""
+        with self.store() as store:
+            return AgentsResponse(agents=[a for a in store.agents() if grant.allows(a)])
+
+    def children(self, grant: Grant, agent_id: str, node_id: str, offset: int = 0, limit: int = 100
+                 ) -> ChildrenResponse:
+        """One page of a live node's children: nodes, or a batch node's memory units."""
+        with self._agent(grant, agent_id) as store:
+            node = store.node(agent_id, node_id)
+            if node is None:
+                raise NodeNotFound(f"no live node {node_id!r} in the memory of agent {agent_id!r}")
+            ids = node.children[offset:offset + limit]
+            if node.kind == "batch":
+                items = [TreeItem(node_id=u.unit_id, kind="unit", level=0, item_count=1, first_ts=u.ts,
+                                  last_ts=u.ts, text=u.text, children=0, provisional=pending)
+                         for u, _covered_by, pending in store.units_by_id(agent_id, ids)]
+            else:
+                wanted = set(ids)
+                items = [tree_item(n) for n in store.children(agent_id, node_id) if n.node_id in wanted]
+        return ChildrenResponse(agent_id=agent_id, node_id=node_id, total=len(node.children), offset=offset,
+                                children=items, missing=len(ids) - len(items))
+
+    def history(self, grant: Grant, agent_id: str, offset: int = 0, limit: int = 100) -> HistoryResponse:
+        """A page of the agent's live units and nodes over time, newest first, with what changed marked."""
+        with self._agent(grant, agent_id) as store:
+            rows, total = store.timeline(agent_id, offset, limit)
+            replaced = store.replaced_count(agent_id)
+        events = []
+        for row in rows:
+            marks = (["remade"] if row["replaces"] else []) + (["provisional"] if row["provisional"] else [])
+            if row["kind"] == "global" and row["item_count"] == 0:
+                marks.append("forgotten")
+            events.append(HistoryEvent(**row, children=0, marks=marks))
+        return HistoryResponse(agent_id=agent_id, total=total, offset=offset, events=events, replaced=replaced)
+
+    def agent_store(self, grant: Grant, agent_id: str) -> AgentStore:
+        """The store's facts about the agent: rows, vectors and their model, the log positions applied."""
+        with self._agent(grant, agent_id) as store:
+            rows, embedded = store.agent_vectors(agent_id)
+            model = store._model()
+            merger, batcher = store.log_position(agent_id)
+        dim = model.get("embedding_dim")
+        return AgentStore(agent_id=agent_id, rows=rows, rows_with_vectors=embedded,
+                          embedding_model=model.get("embedding_model"), embedding_dim=int(dim) if dim else None,
+                          merger_seq=merger, batcher_seq=batcher)
 
     # --- writes: input records for the job --------------------------------------------------------------
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
 
 from flink_memory.ids import RECORD_ID_PATTERN
 from flink_memory.records import Message, SummaryNode
@@ -21,6 +21,7 @@ from flink_memory.store.lag import Lag
 MAX_QUESTION = 2000
 MAX_K = 100
 MAX_BODY_BYTES = 1 << 20
+MAX_PAGE = 500  # children or history entries in one answer
 
 Mode = Literal["hybrid", "keyword", "vector"]
 
@@ -37,10 +38,77 @@ class RecallRequest(_Body):
     diversity: float | None = Field(None, ge=0.0, le=1.0, description=(
         "how much results that repeat the matching memories of results above them give way (0: relevance "
         "alone; 1: no slot; a hit names those it stands for in folds); default: the server's recall.diversity"))
+    explain: bool = Field(False, description="each hit with the parts of its score (`parts`: keyword, cosine, "
+                                             "relevance, specificity) and the answer with each hit's `paths`")
 
 
 class RecallResponse(_Body):
     hits: list[Recalled]
+    paths: dict[str, list[str]] | None = Field(None, description=(
+        "with explain: where each hit sits in the tree, by hit id: the ids from the global down to its parent "
+        "(a unit's last is its batch node; [] for a node no stored node lists)"))
+
+    @model_serializer(mode="wrap")
+    def _without_paths(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if self.paths is None:
+            data.pop("paths", None)
+        return data
+
+
+class AgentsResponse(_Body):
+    agents: list[str] = Field(description="the agents with memory in the store that the key may read, sorted")
+
+
+class TreeItem(_Body):
+    """One node of the live tree, or one memory unit under a batch node (kind `unit`, level 0)."""
+
+    node_id: str = Field(description="the node id, or a unit's id")
+    kind: Literal["unit", "batch", "merge", "global"]
+    level: int
+    version: int | None = None
+    item_count: int = Field(description="memory units covered")
+    first_ts: str | None = None
+    last_ts: str | None = None
+    text: str
+    children: int = Field(description="ids one level down (a batch node's: its units)")
+    replaces: list[str] = Field(default_factory=list, description="node ids this node was made again in place of")
+    provisional: bool = Field(False, description="a unit shown before its checkpoint commits")
+
+
+class ChildrenResponse(_Body):
+    agent_id: str
+    node_id: str
+    total: int = Field(description="the node's child ids (a page of them is in `children`)")
+    offset: int
+    children: list[TreeItem] = Field(description="the stored children of ids offset..offset+limit, in order")
+    missing: int = Field(description="ids of this page not stored (a retention mode, or a unit not applied yet)")
+
+
+class HistoryEvent(TreeItem):
+    covered_by: str | None = Field(None, description="a unit's batch node (none: not summarized yet)")
+    marks: list[str] = Field(description="what changed: remade (an update, deletion or new unit below a node made "
+                                         "it again), forgotten (a global of an emptied memory), provisional")
+
+
+class HistoryResponse(_Body):
+    agent_id: str
+    total: int = Field(description="the agent's live units and nodes")
+    offset: int
+    events: list[HistoryEvent] = Field(description="newest first: by the end of the time each covers, then id")
+    replaced: int = Field(description="nodes of the agent that later nodes replaced (their text is gone)")
+
+
+class AgentStore(_Body):
+    """The store as the service sees it, for one agent."""
+
+    agent_id: str
+    rows: int = Field(description="the agent's rows: live units and nodes (with provisional and hidden ones)")
+    rows_with_vectors: int
+    embedding_model: str | None = Field(description="the model of the store's vectors (none: no vectors yet)")
+    embedding_dim: int | None = None
+    merger_seq: int = Field(description="the last entry of the agent's merger log the store applied (its commits)")
+    batcher_seq: int = Field(description="the last entry of the agent's batcher log the store applied")
 
 
 class TreeEntry(_Body):

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Literal
 
-from flink_memory.store.rules import SPECIFICITY
+from flink_memory.store.rules import SPECIFICITY, RankParts
 
 K1, B = 1.2, 0.75
 RRF_K = 60
@@ -145,9 +145,11 @@ def _ranks(values: list[float | None]) -> list[int | None]:
 
 def rank(terms: Sequence[str], candidates: Sequence[Candidate], rows: int, k: int,
          mode: Literal["hybrid", "keyword", "vector"] = "hybrid", fusion: Fusion = "weighted",
-         keyword_weight: float = KEYWORD_WEIGHT, counts: TermCounts | None = None) -> list[tuple[Candidate, float]]:
+         keyword_weight: float = KEYWORD_WEIGHT, counts: TermCounts | None = None,
+         parts: dict[str, RankParts] | None = None) -> list[tuple[Candidate, float]]:
     """The k best candidates with their scores (higher is better), best first; candidates that match in
-    neither way (no shared term, no vector) are left out. `counts`: as keyword_scores."""
+    neither way (no shared term, no vector) are left out. `counts`: as keyword_scores. `parts`, when given, is
+    filled with how each returned candidate's score was made (key -> RankParts)."""
     unique = list({c.key: c for c in candidates}.values())
     keyword = (keyword_scores(terms, [c.text for c in unique], rows, counts) if mode != "vector"
                else [0.0] * len(unique))
@@ -169,4 +171,11 @@ def rank(terms: Sequence[str], candidates: Sequence[Candidate], rows: int, k: in
     found = [(c, f * _factor(c.steps)) for c, f, kw, v in zip(unique, fused, keyword, vector)
              if kw > 0 or v is not None]
     found.sort(key=lambda pair: (-pair[1], pair[0].steps, pair[0].key))
+    if parts is not None:
+        place = {c.key: i for i, c in enumerate(unique)}
+        for c, _ in found[:k]:
+            i = place[c.key]
+            parts[c.key] = RankParts(keyword=round(keyword[i], 6) if mode != "vector" else None,
+                                     cosine=None if vector[i] is None else round(vector[i], 6),
+                                     relevance=round(fused[i], 6), specificity=round(_factor(c.steps), 6))
     return found[:k]

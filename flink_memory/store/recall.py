@@ -16,7 +16,7 @@ from typing import Any, Literal
 from flink_memory.meanwhile import meanwhile
 from flink_memory.store.diversity import DIVERSITY, WINDOW, Ranked, diversify, stands_for
 from flink_memory.store.ranking import Candidate, Fusion, TermCounts, rank
-from flink_memory.store.rules import UNIT_KIND, UNIT_PREFIX, Recalled, StoreError, query_terms
+from flink_memory.store.rules import UNIT_KIND, UNIT_PREFIX, RankParts, Recalled, StoreError, query_terms
 from flink_memory.store.schema import (
     HIDDEN_KIND,
     HIT,
@@ -45,7 +45,7 @@ class StoreRecall(VectorRows):
     _children_cache: dict[tuple[str, int], dict[str, list[str]]] | None = None  # (agent, generation): node -> ids
 
     def recall(self, agent_id: str, query: str, k: int = 5, mode: Mode | None = None,
-               fusion: Fusion = "weighted", diversity: float | None = None) -> list[Recalled]:
+               fusion: Fusion = "weighted", diversity: float | None = None, explain: bool = False) -> list[Recalled]:
         """The agent's k live units and nodes that best match `query` (natural language), best first.
 
         `mode`: keyword (full text only), vector (by meaning only) or hybrid (both, fused); None: hybrid
@@ -53,7 +53,7 @@ class StoreRecall(VectorRows):
         `diversity` (0..1; None: the store's `diversity`, recall.diversity): how much results that only
         repeat the matching units of results above them give way (flink_memory.store.diversity); a hit
         names those it stands for in `folds`. A question without meaningful words gives []; so does an
-        empty memory."""
+        empty memory. `explain`: each hit carries the parts of its score (`parts`)."""
         terms = query_terms(query)
         if not terms or k <= 0:
             return []
@@ -100,11 +100,17 @@ class StoreRecall(VectorRows):
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key))
                       for key, row in rows.items()]
         weight = self.diversity if diversity is None else diversity
+        parts: dict[str, RankParts] | None = {} if explain else None
+
+        def explained(c: Candidate, score: float) -> Recalled:
+            found = hit(rows[c.key], score)
+            return found.model_copy(update={"parts": parts[c.key]}) if parts is not None else found
+
         if weight <= 0:
-            ranked = rank(terms, candidates, total, k, mode, fusion, counts=counts)
-            return [hit(rows[c.key], score) for c, score in ranked]
-        ranked = rank(terms, candidates, total, k * WINDOW, mode, fusion, counts=counts)
-        hits = [hit(rows[c.key], score) for c, score in ranked]
+            ranked = rank(terms, candidates, total, k, mode, fusion, counts=counts, parts=parts)
+            return [explained(c, score) for c, score in ranked]
+        ranked = rank(terms, candidates, total, k * WINDOW, mode, fusion, counts=counts, parts=parts)
+        hits = [explained(c, score) for c, score in ranked]
         by_id = {h.node_id: h for h in hits}
         def terms(candidate: Candidate) -> frozenset[str]:
             if mode != "keyword":

@@ -57,6 +57,20 @@ class PositionConflict(StoreError):
     """Another applier moved an agent's log position meanwhile: nothing was written; read the positions again."""
 
 
+class RankParts(BaseModel):
+    """How a recall hit's score was made: its keyword score (BM25; None in vector mode), its cosine with the
+    question (None: no vector, or keyword mode), their fusion (`relevance`: in hybrid mode each part rescaled
+    over the candidates, ranking.KEYWORD_WEIGHT of the keyword one) and the factor of its place in the tree
+    (SPECIFICITY ** steps; flink_memory.store.ranking); score = relevance x specificity."""
+
+    model_config = ConfigDict(frozen=True)
+
+    keyword: float | None
+    cosine: float | None
+    relevance: float
+    specificity: float
+
+
 class Recalled(BaseModel):
     """One recall hit and its score (higher is better): a live node (`kind` batch | merge | global), or a
     memory unit (`kind` unit, level 0: `node_id` is the unit id, `covered_by` the batch node that holds it,
@@ -76,6 +90,7 @@ class Recalled(BaseModel):
     covered_by: str | None = None
     provisional: bool = False  # a unit accepted and not committed yet (true appears in the JSON only)
     folds: list[str] = []  # ids of matching units and nodes it shows, left out of the list (diversity)
+    parts: RankParts | None = None  # how its score was made (recall's `explain`; appears in the JSON then only)
 
     @model_serializer(mode="wrap")
     def _without_unit_fields(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> Any:
@@ -86,6 +101,8 @@ class Recalled(BaseModel):
             data.pop("provisional", None)
         if not self.folds:
             data.pop("folds", None)
+        if self.parts is None:
+            data.pop("parts", None)
         return data
 
     @classmethod

@@ -10,12 +10,13 @@ the memory log and provisional rows (store/log_writes.py), the rows' vectors (st
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.store.log_writes import LogWrites
 from flink_memory.store.recall import StoreRecall
-from flink_memory.store.rules import StoreError, StoreNotFound
+from flink_memory.store.rules import UNIT_PREFIX, StoreError, StoreNotFound
 from flink_memory.store.schema import (
     AGENTS,
     ALL_OF_AGENT,
@@ -24,6 +25,7 @@ from flink_memory.store.schema import (
     NODE,
     NODES,
     PENDING_PREFIX,
+    REPLACED,
     SCHEMA,
     SCHEMA_VERSION,
     UNITS_OF_AGENT,
@@ -81,6 +83,62 @@ class MemoryStore(LogWrites, StoreRecall):
             if key.startswith(PENDING_PREFIX) or unit.unit_id not in found:
                 found[unit.unit_id] = (unit, covered_by)
         return [found[unit_id] for unit_id in sorted(found)]
+
+    def units_by_id(self, agent_id: str, unit_ids: list[str]) -> list[tuple[MemoryUnit, str | None, bool]]:
+        """These live units of the agent (a batch node's children), in the order asked, each with its covering
+        batch node and whether it is provisional (its row stands for the committed one); ids not stored are
+        left out."""
+        if not unit_ids:
+            return []
+        keys = [p + u for u in unit_ids for p in (UNIT_PREFIX, PENDING_PREFIX)]
+        sql = (f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = 'unit' "
+               f"AND node_id IN ({', '.join('?' for _ in keys)})")
+        found: dict[str, tuple[MemoryUnit, str | None, bool]] = {}
+        for key, body, covered_by in self._fetch(self._sql(sql), (agent_id, *keys)):
+            unit = MemoryUnit.model_validate_json(body)
+            pending = key.startswith(PENDING_PREFIX)
+            if pending or unit.unit_id not in found:
+                found[unit.unit_id] = (unit, covered_by, pending)
+        return [found[u] for u in unit_ids if u in found]
+
+    def timeline(self, agent_id: str, offset: int = 0, limit: int = 100) -> tuple[list[dict[str, Any]], int]:
+        """A page of the agent's live units and nodes, newest first (by the end of the time each covers, then
+        id), and how many there are: (rows as dicts of node_id, kind, level, version, item_count, first_ts,
+        last_ts, text, replaces, provisional, covered_by), total."""
+        total = int(self._fetch(self._sql(f"SELECT COUNT(*) FROM {NODES} WHERE agent_id = ? AND kind <> 'hidden'"),
+                                (agent_id,))[0][0])
+        sql = (f"SELECT node_id, kind, level, version, item_count, first_ts, last_ts, text, body, covered_by "
+               f"FROM {NODES} WHERE agent_id = ? AND kind <> 'hidden' "
+               f"ORDER BY COALESCE(last_ts, '') DESC, node_id DESC LIMIT ? OFFSET ?")
+        rows = []
+        for key, kind, level, version, items, first_ts, last_ts, text, body, covered_by in self._fetch(
+                self._sql(sql), (agent_id, limit, offset)):
+            unit = kind == "unit"
+            replaces = [] if unit else json.loads(body).get("replaces", [])
+            rows.append({"node_id": key.split(":", 1)[1] if unit else key, "kind": kind, "level": level,
+                         "version": version, "item_count": items, "first_ts": first_ts, "last_ts": last_ts,
+                         "text": text, "replaces": replaces, "provisional": key.startswith(PENDING_PREFIX),
+                         "covered_by": covered_by if unit else None})
+        return rows, total
+
+    def replaced_count(self, agent_id: str) -> int:
+        """How many node ids of the agent a written node replaced (re-made or retracted nodes)."""
+        return int(self._fetch(self._sql(f"SELECT COUNT(*) FROM {REPLACED} WHERE agent_id = ?"), (agent_id,))[0][0])
+
+    def parents(self, agent_id: str) -> dict[str, str]:
+        """Each child id of the agent's live nodes (node ids and, under batch nodes, unit ids) -> its parent."""
+        sql = f"SELECT node_id, body FROM {NODES} WHERE agent_id = ? AND kind IN ('batch', 'merge', 'global')"
+        out: dict[str, str] = {}
+        for node_id, body in self._fetch(self._sql(sql), (agent_id,)):
+            for child in json.loads(body)["children"]:
+                out[child] = node_id
+        return out
+
+    def agent_vectors(self, agent_id: str) -> tuple[int, int]:
+        """(the agent's rows, those with a vector)."""
+        rows, embedded = self._fetch(self._sql(f"SELECT COUNT(*), COUNT(vector) FROM {NODES} WHERE agent_id = ?"),
+                                     (agent_id,))[0]
+        return int(rows), int(embedded)
 
     def agents(self) -> list[str]:
         """Agents with at least one live node or unit, sorted."""
