@@ -49,10 +49,14 @@ def load_embedder(config: str | None = None, overrides: list[str] | None = None)
 
 class AgentMemory:
     """Recall and remember for one agent per call: `store` is the job's store (SQLite path or postgresql://),
-    `input` the job's input (a followed directory or kafka://...; None: read-only)."""
+    `input` the job's input (a followed directory or kafka://...; None: read-only). `embedder`: the model
+    questions are embedded with; None: the configured one (load_embedder), as the job embeds the store, unless
+    `mode` is keyword."""
 
     def __init__(self, store: str, input: str | None = None, *, embedder: Embedder | None = None,
                  mode: Mode = "hybrid") -> None:
+        if embedder is None and mode != "keyword":
+            embedder = load_embedder()
         self.service = MemoryService(store, open_writer(input), embedder=embedder, read_only=input is None)
         self.mode = mode
 
