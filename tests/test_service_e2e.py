@@ -159,7 +159,8 @@ def stdio_server(store: str, input_path: str) -> StdioServerParameters:
         env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
-async def scenario(url: str, key: str, stdio: StdioServerParameters, forget_through: str) -> dict[str, float]:
+async def scenario(url: str, key: str, stdio: StdioServerParameters, forget_through: str, job_log: Path
+                   ) -> dict[str, float]:
     """Remember through HTTP and both MCP transports, recall, delete through HTTP and MCP, forget through
     `forget_through` (http: DELETE /v1/agents/{id}; stdio: the forget_memory tool); the latencies."""
     latency: dict[str, float] = {}
@@ -170,6 +171,11 @@ async def scenario(url: str, key: str, stdio: StdioServerParameters, forget_thro
             return (await asyncio.to_thread(call, f"{url}/v1/health"))[1]["store"] == "ok"
 
         await until(health, "the job created the store", 120)
+
+        async def job_running() -> bool:  # (the store is made as the job is built, before its JVM runs it)
+            return "running (web UI" in job_log.read_text(errors="replace") if job_log.exists() else False
+
+        await until(job_running, "the job runs", 120)
 
         posted = time.monotonic()
         status, accepted = await agent.http("POST", "/memories", {"id": "boat", "text": BOAT})
@@ -266,7 +272,8 @@ def test_remember_recall_delete_forget_through_a_followed_directory(tmp_path, ca
     with ScriptedServer() as llm, running_job(str(inbox), output, llm, follow=True), \
             serving(ServeOptions(store=str(output / "memory.sqlite"), input=str(inbox),
                                  keys=str(tmp_path / "keys.json"))) as url:
-        latency = asyncio.run(scenario(url, key, stdio_server(str(output / "memory.sqlite"), str(inbox)), "http"))
+        latency = asyncio.run(scenario(url, key, stdio_server(str(output / "memory.sqlite"), str(inbox)), "http",
+                                         tmp_path / "job.log"))
     with capsys.disabled():
         report(latency, f"followed directory (whole test {time.monotonic() - started:.0f} s)")
     assert not [p for p in inbox.iterdir() if p.name.startswith(".")]  # no temporary file left behind
@@ -286,6 +293,7 @@ def test_remember_recall_delete_forget_through_a_kafka_topic(tmp_path, capsys, k
                                               follow=False), \
             serving(ServeOptions(store=str(output / "memory.sqlite"), input=source,
                                  keys=str(tmp_path / "keys.json"))) as url:
-        latency = asyncio.run(scenario(url, key, stdio_server(str(output / "memory.sqlite"), source), "stdio"))
+        latency = asyncio.run(scenario(url, key, stdio_server(str(output / "memory.sqlite"), source), "stdio",
+                                         tmp_path / "job.log"))
     with capsys.disabled():
         report(latency, f"Kafka topic (whole test {time.monotonic() - started:.0f} s)")
