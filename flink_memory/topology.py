@@ -26,6 +26,8 @@ CHANNELS = {
     MANIFESTS: "chunk manifests (text-free plans of the conversations cut into units)",
     MEMORY_LOG: "the store's log: every node and unit-row message, numbered per agent and writer",
 }
+# The operator that reads the input, before the keyed stages: its Flink-counted numRecordsIn is the records read
+PARSE_LABEL = "parse-validate"
 CALL_DRILL = "call"  # job.inject_failure "call:n:marker": the n-th fresh LLM result (not a stage)
 
 

@@ -4,6 +4,7 @@ forgotten agent. Checked through the changelog's live view (`replaces`): every l
 batch node, item counts, superseded and deleted facts in no live node and not in the current global, new
 facts present. The same again with a kill and a restore between the originals and the changes."""
 
+import re
 import time
 from collections import Counter
 
@@ -84,6 +85,12 @@ def check(out, all_summarized_first=True):
     assert stages == {"duplicate": 1, "change": 1}
 
 
+def records_shown(log):
+    """The records count of the last progress line in `log` (None before one)."""
+    counts = re.findall(r"\| records (\d+) \|", log.read_text())
+    return int(counts[-1]) if counts else None
+
+
 def test_changes_later_in_the_same_input(tmp_path):
     with ScriptedServer() as server:
         out = run(tmp_path, originals() + changes(), server.base_url, *SETTINGS)
@@ -96,9 +103,11 @@ def test_changes_after_a_kill_and_a_restore(tmp_path):
     with ScriptedServer() as server:
         first = spawn(cli_command(inbox, output, server, tmp_path / "journal.sqlite", *SETTINGS,
                                   "batching.flush_after_s=1", "summarization.global_refresh_s=1",
-                                  args=("--follow",)), tmp_path / "first.log")
+                                  args=("--follow", "--progress-every", "1")), tmp_path / "first.log")
         try:
             wait_for(lambda: len(read_outputs(str(output))["summaries"]) >= 40, timeout_s=180)
+            # the input is quiet now: the progress line counts every record read, not those before a flush
+            wait_for(lambda: records_shown(tmp_path / "first.log") == len(originals()), timeout_s=15)
             time.sleep(2)  # a checkpoint after the originals were summarized
         finally:
             kill_group(first)

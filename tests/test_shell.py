@@ -163,3 +163,17 @@ def test_time_left_is_the_open_calls_at_the_mean_latency_so_far():
     assert time_left_s({"llm_calls": 0, "llm_in_flight": 5}, 2) is None  # no latency seen yet
     assert time_left_s({"llm_calls": 4, "llm_call_ms": 8000, "llm_in_flight": 0}, 2) is None  # nothing left
     assert time_left_s({"llm_calls": 4, "llm_call_ms": 8000, "llm_in_flight": 5}, 2) == 6.0  # 3 rounds of 2 s
+
+
+def test_records_read_are_the_parse_operators_own_input_count():
+    """The ids as a local run's REST API lists them (/jobs/<id>/vertices/<vid>/subtasks/metrics)."""
+    from flink_memory.cli.progress import records_read_metric
+
+    fused = ["Source__memory-input.numRecordsIn", "numRecordsIn",
+             "memory-to-json__parse-validate.numRecordsInPerSecond", "_stream_key_by_map_operator.numRecordsIn",
+             "memory-to-json__parse-validate.numRecordsIn", "Map.numRecordsIn"]
+    assert records_read_metric(fused) == "memory-to-json__parse-validate.numRecordsIn"
+    assert records_read_metric(["numRecordsIn", "parse-validate.numRecordsIn"]) == "parse-validate.numRecordsIn"
+    later = ["batch-summaries.numRecordsIn", "numRecordsIn", "0.flink_memory.records_in",
+             "not-parse-validate.numRecordsIn"]
+    assert records_read_metric(later) is None

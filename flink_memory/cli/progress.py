@@ -11,6 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from flink_memory.topology import PARSE_LABEL
+
 KINDS = ("plan", "batch", "part", "merge", "global")
 
 
@@ -47,6 +49,20 @@ def time_left_s(s: dict[str, float], concurrency: int) -> float | None:
     return -(-open_calls // max(1, concurrency)) * mean_s
 
 
+def records_read_metric(ids: list[str]) -> str | None:
+    """The REST id of the parse operator's numRecordsIn among a vertex's metric ids (None if not there).
+
+    Flink counts it on the Java side for each element, so it is exact at once, unlike a Python counter
+    handed to Flink in batches. The REST API writes an operator's name with ", " as "__": fused with the
+    Python operators before it (memory-to-json), the parse operator's name ends "__parse-validate", and
+    the fused operator's input count is still the records read."""
+    for metric in ids:
+        operator, _, name = metric.rpartition(".")
+        if name == "numRecordsIn" and (operator == PARSE_LABEL or operator.endswith(f"__{PARSE_LABEL}")):
+            return metric
+    return None
+
+
 class ProgressLine:
     """Polls the local cluster's REST API for the job's counters and reports them.
 
@@ -55,7 +71,7 @@ class ProgressLine:
     has been read, the line says how long the calls queued or running will take at the latency so far.
     """
 
-    NAMES = ("records_in", "dead_letters", "units_in", "batches", "merges", "globals", "llm_in_flight",
+    NAMES = ("dead_letters", "units_in", "batches", "merges", "globals", "llm_in_flight",
              "pending_keys", "llm_calls", "llm_call_ms", *(f"llm_calls_{k}" for k in KINDS))
 
     def __init__(self, port: int, job_id: str, stream: Any = sys.stderr, total: int | None = None,
@@ -90,10 +106,13 @@ class ProgressLine:
             url = f"{self.base}/jobs/{self.job_id}/vertices/{vertex['id']}/subtasks/metrics"
             available = [m["id"] for m in _get_json(url)]
             wanted = [m for m in available if m.rsplit(".", 1)[-1] in self.NAMES and "flink_memory" in m]
+            read = records_read_metric(available)
+            if read is not None:
+                wanted.append(read)
             if not wanted:
                 continue
             for metric in _get_json(f"{url}?get={','.join(wanted)}&agg=sum"):
-                name = metric["id"].rsplit(".", 1)[-1]
+                name = "records_in" if metric["id"] == read else metric["id"].rsplit(".", 1)[-1]
                 totals[name] = totals.get(name, 0) + float(metric.get("sum", 0))
         return totals
 
