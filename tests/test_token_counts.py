@@ -116,8 +116,10 @@ def test_a_length_rejection_is_repacked_smaller_and_never_lost():
         factory = client.requests
         pool = CallPool(client.complete, 2)
         entries = [{"text": s.format(k=k), "from": None, "to": None} for k in range(60) for s in SENTENCES]
-        # a scale already learned (the agent's first report), so that the first packing fills the configured window
-        job = ReduceJob(purpose="batch", entries=entries, scale=client.counter.calibration.scale_of(0.4))
+        # a scale already learned (the agent's first report, and the job's own for its part rounds), so that the
+        # first packing fills the configured window
+        learned = client.counter.calibration.scale_of(0.4)
+        job = ReduceJob(purpose="batch", entries=entries, scale=learned, round_scale=learned)
         text = run_to_end(job, factory, pool, RetryPolicy(0.01, 0.01))
         pool.close()
         assert text == "short"

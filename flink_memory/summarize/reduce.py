@@ -44,7 +44,9 @@ class ReduceJob(BaseModel):
     # the scale this round is packed at (kept for replays): the owner's (a batch's, from its agent's first
     # report), else the estimate's upper bound, or tighter where the job's last round taught how its text counts
     scale: float | None = None
-    round_scale: float | None = None  # a part round's own scale, kept by jobs of releases before 0.9; never set now
+    # a part round's own scale: the owner's scale was taught by the agent's first batch, which need not bound
+    # another batch's text; decided once, from the job's own reports only (so a rerun packs the same)
+    round_scale: float | None = None
     # the largest ratio (provider count / our count) the provider reported for the last round's requests:
     # what the next round's text (their answers) counts like, learned from the job's own requests only, so a
     # rerun packs its next round the same
@@ -83,7 +85,9 @@ class ReduceJob(BaseModel):
         final, groups = self._plan_at(budget, self.scale)
         if final or self._round_purpose == self.purpose:
             return final, groups
-        if self.round_scale is not None and self.round_scale > self.scale:  # (never final where the job's is not)
+        if self.round_scale is None:  # parts are packed as a kind of their own: at the bound, or the job's own ratio
+            self.round_scale = self._scale_now(budget)
+        if self.round_scale > self.scale:  # (never final where the job's is not)
             return False, self._plan_at(budget, self.round_scale)[1]
         return False, groups
 
