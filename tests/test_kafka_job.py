@@ -2,6 +2,7 @@
 partitions, summaries, dead letters, manifests and the compacted memory out, exactly once."""
 
 import json
+import threading
 import time
 import uuid
 from collections import Counter
@@ -12,6 +13,7 @@ from kafka_broker import consume_all, create_topic, produce
 from scripted_server import ScriptedServer
 
 from flink_memory.config import ConfigError
+from flink_memory.flink.kafka_connector import KafkaUnavailable, check_brokers
 from flink_memory.flink.pipeline import build_job
 from flink_memory.outputs import read_outputs
 
@@ -79,6 +81,25 @@ def test_unreachable_broker_fails_fast_naming_the_address(tmp_path):
     with pytest.raises(ConfigError, match="127.0.0.1:9 did not answer"):
         build_job(config, "kafka://127.0.0.1:9/events", str(tmp_path / "out"))
     assert time.monotonic() - started < 60
+
+
+def test_the_broker_check_finds_the_connector_from_any_gateway_thread(tmp_path):
+    """Py4J finds a class through the context class loader of the JVM thread that serves the call; only the
+    thread that ran add_jars has the connector. A call on the gateway while another Python thread holds its
+    connection goes to a new JVM thread: the check must still find the admin client there."""
+    from pyflink.java_gateway import get_gateway
+
+    config = config_for("http://127.0.0.1:9/v1", "source.kafka.bounded=true")
+    with pytest.raises(ConfigError, match="127.0.0.1:9 did not answer"):  # (the connector is loaded)
+        build_job(config, "kafka://127.0.0.1:9/events", str(tmp_path / "out"))
+    busy = threading.Thread(target=lambda: get_gateway().jvm.java.lang.Thread.sleep(6000))
+    busy.start()
+    try:
+        time.sleep(0.5)
+        with pytest.raises(KafkaUnavailable, match="127.0.0.1:9 did not answer"):
+            check_brokers("127.0.0.1:9", {}, timeout_s=2)
+    finally:
+        busy.join()
 
 
 def test_unbounded_reads_records_produced_while_it_runs(tmp_path, kafka_broker):

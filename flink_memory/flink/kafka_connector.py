@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+from pathlib import Path
 from typing import Any
 
+from py4j.protocol import Py4JJavaError
 from pyflink.common import Row, Types
 from pyflink.datastream import DataStream, StreamExecutionEnvironment
 from pyflink.java_gateway import get_gateway
 from pyflink.table import StreamTableEnvironment
+from pyflink.util.java_utils import to_jarray
 
 from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import ParseRecords
@@ -25,6 +28,9 @@ from flink_memory.records import DeadLetter, InputRecord, parse_kafka_value
 CHECK_TIMEOUT_S = 20.0
 KEY_VALUE = Types.ROW_NAMED(["k", "v"], [Types.STRING(), Types.STRING()])
 _STARTUP = {"earliest": "earliest-offset", "latest": "latest-offset", "committed": "group-offsets"}
+_ADMIN = "org.apache.flink.kafka.shaded.org.apache.kafka.clients.admin"
+_connector_urls: list[str] = []
+_loaders: dict[tuple[str, ...], Any] = {}
 
 
 class KafkaUnavailable(ConfigError):
@@ -35,7 +41,9 @@ def load_connector(env: StreamExecutionEnvironment, config: Config) -> None:
     """Ship the connector jar with the job (pipeline.jars) and make its classes visible to this client; a jar
     the submitter ships already (`flink run --jarfile`, `-D pipeline.jars=...`) is used as it is."""
     shipped = str(env._j_stream_execution_environment.getConfiguration().toMap().get("pipeline.jars"))
-    if not config.job.kafka_connector_jar and shipped_connector(shipped):
+    given = shipped_connector(shipped)
+    if not config.job.kafka_connector_jar and given:
+        _connector_urls[:] = [given if ":" in given.split("/", 1)[0] else Path(given).resolve().as_uri()]
         return
     try:
         jar = connector_jar(config.job.kafka_connector_jar)
@@ -44,6 +52,39 @@ def load_connector(env: StreamExecutionEnvironment, config: Config) -> None:
     uri = jar.as_uri()
     if uri not in shipped:
         env.add_jars(uri)
+    _connector_urls[:] = [uri]
+
+
+def _connector_loader(jvm: Any) -> Any:
+    """A class loader over the connector jar, made once. Py4J finds a class, and Kafka its plugins, through
+    the context class loader of the JVM thread that serves a call; only the gateway thread that ran
+    `add_jars` has the jar in it, and a call lands on another one when Python threads share the gateway."""
+    key = tuple(_connector_urls)
+    if key not in _loaders:
+        loader = jvm.Thread.currentThread().getContextClassLoader()
+        if key:
+            urls = to_jarray(jvm.java.net.URL, [jvm.java.net.URL(url) for url in key])
+            loader = jvm.java.net.URLClassLoader(urls, loader)
+        _loaders[key] = loader
+    return _loaders[key]
+
+
+def _admin_class(jvm: Any, name: str) -> Any:
+    return jvm.java.lang.Class.forName(f"{_ADMIN}.{name}", True, _connector_loader(jvm))
+
+
+def _admin_client(jvm: Any, props: Any, tries: int = 3) -> Any:
+    """AdminClient.create with the connector's loader as the serving thread's context loader (Kafka loads its
+    metric reporters and login modules through it; the admin's own threads inherit it). Setting the loader and
+    creating are two gateway calls, which another Python thread can come between: then it is tried again."""
+    create = _admin_class(jvm, "AdminClient").getMethod("create", to_jarray(jvm.Class, [props.getClass()]))
+    for attempt in range(tries):
+        jvm.Thread.currentThread().setContextClassLoader(_connector_loader(jvm))
+        try:
+            return create.invoke(None, to_jarray(jvm.Object, [props]))
+        except Py4JJavaError as exc:
+            if "cannot be found" not in str(exc) or attempt == tries - 1:
+                raise
 
 
 def table_environment(env: StreamExecutionEnvironment) -> StreamTableEnvironment:
@@ -60,7 +101,6 @@ def check_brokers(bootstrap: str, properties: dict[str, str], *, need: tuple[str
     naming it, at start, instead of a source that retries for ever. Topics in `need` must exist; those in
     `create` are created (with their configs) when missing."""
     jvm = get_gateway().jvm
-    admin_package = jvm.org.apache.flink.kafka.shaded.org.apache.kafka.clients.admin
     props = jvm.java.util.Properties()
     for key, value in properties.items():
         props.setProperty(key, value)
@@ -69,7 +109,7 @@ def check_brokers(bootstrap: str, properties: dict[str, str], *, need: tuple[str
     props.setProperty("request.timeout.ms", millis)
     props.setProperty("default.api.timeout.ms", millis)
     seconds = jvm.java.util.concurrent.TimeUnit.SECONDS
-    admin = admin_package.AdminClient.create(props)
+    admin = _admin_client(jvm, props)
     try:
         try:
             admin.describeCluster().nodes().get(int(timeout_s), seconds)
@@ -81,8 +121,12 @@ def check_brokers(bootstrap: str, properties: dict[str, str], *, need: tuple[str
         missing = [t for t in need if t not in existing]
         if missing:
             raise KafkaUnavailable(f"Kafka at {bootstrap} has no topic {', '.join(missing)}")
-        new = [admin_package.NewTopic(name, jvm.java.util.Optional.empty(), jvm.java.util.Optional.empty())
-               .configs(_java_map(jvm, configs)) for name, configs in (create or {}).items() if name not in existing]
+        optional = jvm.java.util.Optional.empty()
+        string = jvm.java.lang.Class.forName("java.lang.String")
+        new_topic = _admin_class(jvm, "NewTopic").getConstructor(
+            to_jarray(jvm.Class, [string, optional.getClass(), optional.getClass()]))
+        new = [new_topic.newInstance(to_jarray(jvm.Object, [name, optional, optional])).configs(_java_map(jvm, configs))
+               for name, configs in (create or {}).items() if name not in existing]
         if new:
             try:
                 admin.createTopics(_java_list(jvm, new)).all().get(int(timeout_s), seconds)
