@@ -2,6 +2,7 @@
 partitions, summaries, dead letters, manifests and the compacted memory out, exactly once."""
 
 import json
+import socket
 import threading
 import time
 import uuid
@@ -92,14 +93,16 @@ def test_the_broker_check_finds_the_connector_from_any_gateway_thread(tmp_path):
     config = config_for("http://127.0.0.1:9/v1", "source.kafka.bounded=true")
     with pytest.raises(ConfigError, match="127.0.0.1:9 did not answer"):  # (the connector is loaded)
         build_job(config, "kafka://127.0.0.1:9/events", str(tmp_path / "out"))
-    busy = threading.Thread(target=lambda: get_gateway().jvm.java.lang.Thread.sleep(6000))
-    busy.start()
-    try:
-        time.sleep(0.5)
-        with pytest.raises(KafkaUnavailable, match="127.0.0.1:9 did not answer"):
-            check_brokers("127.0.0.1:9", {}, timeout_s=2)
-    finally:
-        busy.join()
+    busy = threading.Thread(target=lambda: get_gateway().jvm.java.lang.Thread.sleep(4000))
+    with socket.create_server(("127.0.0.1", 0)) as silent:  # (takes connections, never answers: the admin runs)
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
+        busy.start()
+        try:
+            time.sleep(0.5)
+            with pytest.raises(KafkaUnavailable, match=f"{address} did not answer within 2 s"):
+                check_brokers(address, {}, timeout_s=2)
+        finally:
+            busy.join()
 
 
 def test_unbounded_reads_records_produced_while_it_runs(tmp_path, kafka_broker):

@@ -41,8 +41,9 @@ BOAT = "Alice bought the sailing boat Zorbatin for 4711 EUR."  # through HTTP, t
 CAT = "Alice's cat Quixby sleeps on the piano."  # through MCP, then deleted through MCP
 DENTIST = "Alice sees the dentist Dr Molnar every March."  # through HTTP; stays until the agent is forgotten
 LOCKER = "Alice's locker code at the Fitzwell gym is 9182."  # through MCP over stdio; stays until the forget
+# (deletions and a forget reach the store with the checkpoint after them: 2 s here, 10 s by default)
 SETTINGS = ("embeddings.provider=none", "batching.max_items=50", "batching.flush_after_s=1",
-            "summarization.global_refresh_s=1")
+            "summarization.global_refresh_s=1", "checkpointing.interval_s=2")
 LATENCY_BOUND_S = 15.0  # "seconds" (docs/service.md): the directory is listed every 1 s, a topic read at once
 
 

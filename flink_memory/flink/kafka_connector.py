@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import socket
 from pathlib import Path
 from typing import Any
 
@@ -100,6 +101,7 @@ def check_brokers(bootstrap: str, properties: dict[str, str], *, need: tuple[str
     """Ask the brokers at `bootstrap` for the cluster within `timeout_s`: an unreachable address is an error
     naming it, at start, instead of a source that retries for ever. Topics in `need` must exist; those in
     `create` are created (with their configs) when missing."""
+    _reachable(bootstrap, timeout_s)
     jvm = get_gateway().jvm
     props = jvm.java.util.Properties()
     for key, value in properties.items():
@@ -136,6 +138,21 @@ def check_brokers(bootstrap: str, properties: dict[str, str], *, need: tuple[str
                                            f"{str(exc).strip().splitlines()[0][:300]}") from None
     finally:
         admin.close()
+
+
+def _reachable(bootstrap: str, timeout_s: float) -> None:
+    """Fail at once when no bootstrap address takes a connection (refused, or no such host): the admin client
+    would retry until its timeout before saying the same."""
+    reasons = []
+    for address in (a.strip() for a in bootstrap.split(",") if a.strip()):
+        host, _, port = address.rpartition(":")
+        try:
+            socket.create_connection((host.strip("[]") or address, int(port or 9092)), timeout=timeout_s).close()
+            return
+        except (OSError, ValueError) as exc:
+            reasons.append(f"{address}: {exc.strerror or exc}" if isinstance(exc, OSError) else f"{address}: {exc}")
+    raise KafkaUnavailable(f"Kafka at {bootstrap} did not answer ({'; '.join(reasons) or 'no address'}): "
+                           "check the address and that the brokers are up")
 
 
 def _java_map(jvm: Any, values: dict[str, str]) -> Any:
