@@ -70,11 +70,14 @@ run: $(STAMP)
 	  --set batching.max_items=10 --set summarization.fan_in=4 --ask "Which city is Chen Wei based in?"
 	@echo "See this memory in a browser (the tree, its history, recall): $(BIN)/flink-memory serve --store out/sample/memory.sqlite --read-only --open"
 
-# the Flink Agents tests (tests/agents) run in the agents environment; their MCP door test starts the service
-# from .venv
+# The suite's files run on TEST_WORKERS pytest-xdist workers, a file on one worker (its tests share their
+# fixtures and paths), files with slow tests first (tests/conftest.py). The Flink Agents tests (tests/agents)
+# run after, in the agents environment; their MCP door test starts the service from .venv
+TEST_WORKERS ?= 2
+
 test: $(STAMP) $(KAFKA_JARS) $(S3_PLUGIN) $(AGENTS_JARS)
 	$(BIN)/ruff check flink_memory jobs tests samples benchmarks
-	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
 	FLINK_MEMORY_SERVICE_PYTHON=$(BIN)/python $(AGENTS_BIN)/python -m pytest -q -p no:cacheprovider tests/agents $(PYTEST_ARGS)
 
 bench: $(STAMP)

@@ -19,6 +19,13 @@ from scripted_server import ScriptedServer  # noqa: E402
 collect_ignore = [] if find_spec("flink_agents") else ["agents"]
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Files holding slow tests first, each file's tests in their own order: on xdist's workers (`make test`,
+    a file per worker) the long MiniCluster and cluster files start early instead of ending the run alone."""
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: item.path not in slow_files)
+
+
 @pytest.fixture
 def scripted():
     with ScriptedServer() as server:
