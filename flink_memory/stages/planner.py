@@ -15,6 +15,7 @@ long again its id is forgotten (stages.planner_retention).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from flink_memory.chunking.exchanges import InvalidPlan, materialize
 from flink_memory.chunking.manifest import (
@@ -83,8 +84,12 @@ class PlannerCore(SourceRetention):
         self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
         self.raise_on_failure = config.chunking.on_planner_failure == "raise"
         self.editable_ms = int(config.memory.editable_for * 1000)
-        spec = config.job.inject_failure or ""
-        self.poison = tuple(spec.removeprefix("record:").split("/", 1)) if spec.startswith("record:") else None
+        self.inspect: Callable[[InputRecord], None] | None = None
+
+    def inspect_with(self, inspect: Callable[[InputRecord], None]) -> None:
+        """Have `inspect` see each record just before it is handled (a runner's drill: stages.drills); an error
+        it raises is blamed on that record."""
+        self.inspect = inspect
 
     # --- activations ---------------------------------------------------------------------------------
 
@@ -173,8 +178,8 @@ class PlannerCore(SourceRetention):
         """Handle the record at the head of the queue (`record`: the entry's, when the caller has it parsed);
         False while it waits for the planner."""
         record = record or record_from_json(json.loads(entry.payload))
-        if self.poison == (record.agent_id, getattr(record, "id", None)):
-            raise RuntimeError(f"injected failure for record {record.agent_id}/{record.id} (job.inject_failure)")
+        if self.inspect is not None:
+            self.inspect(record)
         if isinstance(record, Forget):
             self._forget(state, effects)
             return True
