@@ -15,7 +15,7 @@ from flink_memory.ids import NodeId
 from flink_memory.records import SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.batcher_state import DONE, HOMES, BatcherMeta, DoneBatch
-from flink_memory.stages.calls import Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import Effects, Finished, Timing, drive
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 
@@ -33,8 +33,7 @@ class BatchRevisions:
     through the core."""
 
     factory: RequestFactory
-    retry: RetryPolicy
-    editable_ms: int
+    timing: Timing
     _node: Callable[..., SummaryNode]  # (agent_id, seq, revision, units, text, job, replaces): a batch node
     _out: Callable[[BatcherMeta, Effects, SummaryNode], None]  # a node to the merger and the batcher log
 
@@ -43,7 +42,7 @@ class BatchRevisions:
         """Summarize an emitted batch again from its remaining units; the new node replaces the live one."""
         text = ""
         if done.job is not None:
-            progress = drive(done.job, self.factory, finished, now_ms, self.retry)
+            progress = drive(done.job, self.factory, finished, now_ms, self.timing.retry)
             effects.track(progress, done.job)
             if progress.state != "done":
                 state.put(DONE, _key(done.seq), done)
@@ -62,11 +61,11 @@ class BatchRevisions:
 
     def _sweep(self, state: StateTransaction, meta: BatcherMeta, now_ms: int) -> None:
         """Emitted batches whose newest unit is older than memory.editable_for keep only their summary."""
-        if meta.next_sweep_ms is None or now_ms < meta.next_sweep_ms:
+        if not self.timing.sweep_due(meta.next_sweep_ms, now_ms):
             return
         for key, done in state.items(DONE):
-            if now_ms - done.newest_ms >= self.editable_ms and done.job is None:
+            if now_ms - done.newest_ms >= self.timing.editable_ms and done.job is None:
                 for unit in done.units:
                     state.put(HOMES, unit.unit_id, None)
                 state.put(DONE, key, None)
-        meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if state.keys(DONE) else None
+        meta.next_sweep_ms = self.timing.next_sweep_ms(now_ms) if state.keys(DONE) else None

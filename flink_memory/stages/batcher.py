@@ -21,7 +21,7 @@ from typing import Any
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
-from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
+from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.batch_revisions import BatchRevisions, next_revision
 from flink_memory.stages.batcher_state import (
@@ -40,9 +40,9 @@ from flink_memory.stages.batcher_state import (
     StoredUnit,
     UnitHome,
 )
-from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, Retract, StageMessage
-from flink_memory.stages.protocol import Culprit
+from flink_memory.stages.protocol import Culprit, internal_dead_letter
 from flink_memory.stages.unit_rows import (
     Base,
     Lineage,
@@ -68,9 +68,8 @@ class BatcherCore(BatchRevisions):
         self.config = config
         self.factory = factory
         self.limits = Rooms.from_config(config, factory.budget).batch
-        self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
+        self.timing = Timing.from_config(config)
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
-        self.editable_ms = int(config.memory.editable_for * 1000)
         self.log_nodes = config.summarization.retention != "global_only"  # (the merger writes the same nodes)
         self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
         calibration = factory.budget.counter.calibration
@@ -196,7 +195,7 @@ class BatcherCore(BatchRevisions):
         return summarized
 
     def _scale(self, state: StateTransaction) -> BatchScale:
-        return state.get(SCALE, BatchScale) or BatchScale()
+        return state.get(SCALE) or BatchScale()
 
     def _opening(self, scale: BatchScale) -> float | None:
         """The scale a batch opened now packs at: the agent's learned one; the upper bound for its first
@@ -242,7 +241,7 @@ class BatcherCore(BatchRevisions):
         state.set(SCALE, scale)
 
     def _load(self, state: StateTransaction) -> tuple[BatchBuffer, BatcherMeta]:
-        return state.get(BUFFER, BatchBuffer) or BatchBuffer(), state.get(META, BatcherMeta) or BatcherMeta()
+        return state.get(BUFFER) or BatchBuffer(), state.get(META) or BatcherMeta()
 
     def _rebase(self, state: StateTransaction, meta: BatcherMeta, effects: Effects) -> Effects:
         """The first activation of an agent in this job's branch (a fresh start, or any restore) opens the branch
@@ -302,7 +301,7 @@ class BatcherCore(BatchRevisions):
 
     def _drive(self, state: StateTransaction, batch: PendingBatch, finished: Finished, now_ms: int,
                effects: Effects, scale: BatchScale) -> None:
-        progress = drive(batch.job, self.factory, finished, now_ms, self.retry)
+        progress = drive(batch.job, self.factory, finished, now_ms, self.timing.retry)
         effects.track(progress, batch.job)
         if progress.state == "done":
             batch.text = progress.value
@@ -332,7 +331,7 @@ class BatcherCore(BatchRevisions):
                 state.put(DONE, _key(batch.seq), DoneBatch(seq=batch.seq, units=batch.units, live=node.node_id,
                                                            revision=batch.revision, newest_ms=newest or now_ms))
             if meta.next_sweep_ms is None:
-                meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
+                meta.next_sweep_ms = self.timing.next_sweep_ms(now_ms)
             meta.next_emit += 1
 
     def _out(self, meta: BatcherMeta, effects: Effects, node: SummaryNode) -> None:
@@ -451,7 +450,6 @@ def _lineage(meta: BatcherMeta) -> Lineage:
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:
     """Units evicted: dead letters, and out of the store."""
     for unit in units:
-        effects.dead_letters.append(DeadLetter(raw=unit.model_dump_json(), reason=reason, stage="internal",
-                                               agent_id=unit.agent_id, record_id=unit.source_id))
+        effects.dead_letters.append(internal_dead_letter(unit.model_dump_json(), reason, unit.agent_id, unit.source_id))
     if units:
         _send(meta, effects, dropped(units[0].agent_id, [unit.unit_id for unit in units]))

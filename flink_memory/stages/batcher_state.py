@@ -17,14 +17,18 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import MemoryUnit
 from flink_memory.stages.reduce_state import ReduceJobV2
-from flink_memory.state import StateSchema
+from flink_memory.state import Entries, StateSchema, Value
 from flink_memory.state_layout import StateModel
 from flink_memory.summarize.batching import BatchBuffer
 from flink_memory.summarize.reduce import ReduceJob
 
-BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
-HOMES, DONE = "batcher_homes", "batcher_done"
-SCALE = "batcher_scale"
+BUFFER: Value[BatchBuffer] = Value("batcher_buffer")
+META: Value[BatcherMeta] = Value("batcher_meta")
+SCALE: Value[BatchScale] = Value("batcher_scale")
+UNITS: Entries[StoredUnit] = Entries("batcher_units")
+BATCHES: Entries[PendingBatch] = Entries("batcher_batches")
+HOMES: Entries[UnitHome] = Entries("batcher_homes")
+DONE: Entries[DoneBatch] = Entries("batcher_done")
 
 
 class BatcherMeta(BaseModel):

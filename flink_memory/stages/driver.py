@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flink_memory.digests import digest_parts
-from flink_memory.records import DeadLetter
 from flink_memory.stages.calls import Effects, Finished, RecordFault
 from flink_memory.stages.messages import END, EndOfInput, StageMessage, text_of
-from flink_memory.stages.protocol import Culprit, StageCore
+from flink_memory.stages.protocol import Culprit, StageCore, internal_dead_letter
 from flink_memory.state import Migration, StateBackend, StateTransaction
 
 log = logging.getLogger(__name__)
@@ -110,7 +109,7 @@ class Driver:
             raise exc
         reason = f"internal error in the {self.label} stage: a {tag!r} message does not parse: {exc}"
         log.error("%s: %s; dead-lettered, the job goes on", self.label, reason)
-        effects = Effects(dead_letters=[DeadLetter(raw=body, reason=reason, stage="internal", agent_id=key)])
+        effects = Effects(dead_letters=[internal_dead_letter(body, reason, key)])
         effects.counts["internal_errors"] += 1
         return effects
 

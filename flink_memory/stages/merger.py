@@ -22,7 +22,7 @@ from flink_memory.config import Config
 from flink_memory.ids import NodeId
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
 from flink_memory.stages.merger_revisions import TreeRevisions
 from flink_memory.stages.merger_state import (
     GLOBAL,
@@ -38,7 +38,7 @@ from flink_memory.stages.merger_state import (
     StoredNode,
 )
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, StageMessage
-from flink_memory.stages.protocol import Culprit
+from flink_memory.stages.protocol import Culprit, internal_dead_letter
 from flink_memory.stages.unit_rows import Base, Lineage, Snapshot, fork_line, log_line
 from flink_memory.state import StateTransaction
 from flink_memory.state_layout import dump_model
@@ -56,12 +56,11 @@ class MergerCore(TreeRevisions):
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
         self.factory = factory
-        self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
+        self.timing = Timing.from_config(config)
         self.fan_in = config.summarization.fan_in if config.summarization.depth == "hierarchical" else None
         self.keep = KEEP[config.summarization.retention]
         self.refresh_ms = None if bounded else int(config.summarization.global_refresh_s * 1000)
         self.merge_target = Rooms.from_config(config, factory.budget).child_target
-        self.editable_ms = int(config.memory.editable_for * 1000)
         self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
 
     # --- activations ---------------------------------------------------------------------------------
@@ -104,7 +103,7 @@ class MergerCore(TreeRevisions):
         child drops out, and a revision given up still replaces the merge it remade (retracted facts)."""
         tree, schedule = self._load(state)
         effects = self._rebase(state, Effects())
-        if (pending := state.get(GLOBAL, ParentJob)) is not None:
+        if (pending := state.get(GLOBAL)) is not None:
             effects.dead_letters.append(_dead_job(pending, reason, state.key))
             state.set(GLOBAL, None)
         given_up = sorted((job.level, job.node_id) for _, job in state.items(MERGES))
@@ -176,7 +175,7 @@ class MergerCore(TreeRevisions):
         none an empty one: no call for either."""
         if len(job.children) <= 1:
             return job.job.entries[0]["text"] if job.children else ""
-        progress = drive(job.job, self.factory, finished, now_ms, self.retry)
+        progress = drive(job.job, self.factory, finished, now_ms, self.timing.retry)
         effects.track(progress, job.job)
         return progress.value if progress.state == "done" else None
 
@@ -198,7 +197,7 @@ class MergerCore(TreeRevisions):
             job = state.entry(MERGES, key)
             if job is not None:  # (a merge finished above may have completed the one after it)
                 self._run_merge(state, tree, job, finished, now_ms, effects)
-        pending = state.get(GLOBAL, ParentJob)
+        pending = state.get(GLOBAL)
         if pending is None and tree.needs_global():
             due = self._global_due(schedule)
             if due is not None and now_ms >= due:
@@ -219,7 +218,7 @@ class MergerCore(TreeRevisions):
         # the merges and globals it wrote (the batcher logs its own nodes)
         written = [n for n in effects.out if isinstance(n, SummaryNode) and n.kind != "batch"]
         if written:
-            position = state.get(LOG, LogPosition) or LogPosition()
+            position = state.get(LOG) or LogPosition()
             lineage = Lineage(history=position.history, branch=position.branch)
             for node in written:
                 position.seq += 1
@@ -234,7 +233,7 @@ class MergerCore(TreeRevisions):
         """The first activation of an agent in this job's branch opens the branch of its merger log: an entry
         with where the log stood and the nodes this merger holds of the agent (as retention writes them) and its
         last global (stages.batcher.BatcherCore._rebase does the same for the batcher's log)."""
-        position = state.get(LOG, LogPosition) or LogPosition()
+        position = state.get(LOG) or LogPosition()
         if not self.lineage.branch or position.branch == self.lineage.branch:
             return effects
         base = Base(branch=position.branch, seq=position.seq)
@@ -321,14 +320,14 @@ class MergerCore(TreeRevisions):
         self._write(node, effects)
 
     def _schedule_sweep(self, state: StateTransaction, now_ms: int) -> None:
-        schedule = state.get(SCHEDULE, MergerSchedule) or MergerSchedule()
+        schedule = state.get(SCHEDULE) or MergerSchedule()
         if schedule.next_sweep_ms is None:
-            schedule.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
+            schedule.next_sweep_ms = self.timing.next_sweep_ms(now_ms)
             state.set(SCHEDULE, schedule)
 
     def _sweep(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, now_ms: int) -> None:
         """Drop merged nodes whose parent has no editable batch below it any more (the frontier stays)."""
-        if schedule.next_sweep_ms is None or now_ms < schedule.next_sweep_ms:
+        if not self.timing.sweep_due(schedule.next_sweep_ms, now_ms):
             return
         nodes = dict(state.items(NODES))
         above_held: set[str] = set()  # merges above a batch or merge being made again: their children stay
@@ -342,13 +341,14 @@ class MergerCore(TreeRevisions):
             if stored.parent in above_held or state.entry(MERGES, stored.parent) is not None:
                 continue  # (a parent still being made, or made again, may merge it again)
             parent = nodes.get(stored.parent)
-            if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.running_revision is None):
+            old = parent is not None and now_ms - parent.newest_ms >= self.timing.editable_ms
+            if parent is None or (old and parent.running_revision is None):
                 state.put(NODES, key, None)
-        schedule.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if merged else None
+        schedule.next_sweep_ms = self.timing.next_sweep_ms(now_ms) if merged else None
 
     def _load(self, state: StateTransaction) -> tuple[SummaryTree, MergerSchedule]:
-        tree = state.get(TREE, SummaryTree) or SummaryTree()
-        schedule = state.get(SCHEDULE, MergerSchedule)
+        tree = state.get(TREE) or SummaryTree()
+        schedule = state.get(SCHEDULE)
         if schedule is None:  # one object for the whole activation: _schedule_sweep reads it from state again
             schedule = MergerSchedule()
             state.set(SCHEDULE, schedule)
@@ -356,5 +356,4 @@ class MergerCore(TreeRevisions):
 
 
 def _dead_job(job: ParentJob, reason: str, agent_id: str) -> DeadLetter:
-    return DeadLetter(raw=dump_model(job), reason=reason, stage="internal", agent_id=agent_id,
-                      record_id=job.node_id)
+    return internal_dead_letter(dump_model(job), reason, agent_id, job.node_id)

@@ -18,14 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import SummaryNode
 from flink_memory.stages.reduce_state import ReduceJobV2
-from flink_memory.state import StateSchema
+from flink_memory.state import Entries, StateSchema, Value
 from flink_memory.state_layout import StateModel, StoredModel
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
 
-TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
-SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
-LOG = "merger_log"
+TREE: Value[SummaryTree] = Value("merger_tree")
+SCHEDULE: Value[MergerSchedule] = Value("merger_clock")  # (a state's name is in every checkpoint: it stays as written)
+GLOBAL: Value[ParentJob] = Value("merger_global")
+LOG: Value[LogPosition] = Value("merger_log")
+NODES: Entries[StoredNode] = Entries("merger_nodes")
+MERGES: Entries[ParentJob] = Entries("merger_merges")
 
 
 class MergerSchedule(BaseModel):

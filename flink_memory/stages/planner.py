@@ -41,7 +41,7 @@ from flink_memory.records import (
     record_from_json,
 )
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, RetryPolicy, drive
+from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, Timing, drive
 from flink_memory.stages.messages import ForgetAgent, Retract, StageMessage, text_of
 from flink_memory.stages.planner_retention import SourceRetention
 from flink_memory.stages.planner_state import (
@@ -57,15 +57,18 @@ from flink_memory.stages.planner_state import (
     SourceEntry,
     plan_progress,
 )
-from flink_memory.stages.protocol import Culprit
+from flink_memory.stages.protocol import Culprit, internal_dead_letter
 from flink_memory.state import StateTransaction, seq_key
 from flink_memory.state_layout import StateVersionError
 from flink_memory.summarize.rooms import Rooms
 
 
+def _raw(record: InputRecord) -> str:
+    return json.dumps(record.model_dump(mode="json"), ensure_ascii=False)
+
+
 def _dead(record: InputRecord, reason: str, stage: str) -> DeadLetter:
-    return DeadLetter(raw=json.dumps(record.model_dump(mode="json"), ensure_ascii=False), reason=reason,
-                      stage=stage, agent_id=record.agent_id,  # type: ignore[arg-type]
+    return DeadLetter(raw=_raw(record), reason=reason, stage=stage, agent_id=record.agent_id,  # type: ignore[arg-type]
                       record_id=getattr(record, "id", None))
 
 
@@ -81,9 +84,8 @@ class PlannerCore(SourceRetention):
         """`bounded` is the stages' common signature; the planner has no timeouts to skip."""
         self.config = config
         self.planner = ChunkPlanner(config, factory, Rooms.from_config(config, factory.budget).batch_item_room)
-        self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
+        self.timing = Timing.from_config(config)
         self.raise_on_failure = config.chunking.on_planner_failure == "raise"
-        self.editable_ms = int(config.memory.editable_for * 1000)
         self.inspect: Callable[[InputRecord], None] | None = None
 
     def inspect_with(self, inspect: Callable[[InputRecord], None]) -> None:
@@ -133,7 +135,8 @@ class PlannerCore(SourceRetention):
         entry = state.entry(QUEUE, seq_key(seq)) if head.first <= seq < head.next else None
         if entry is not None:
             record = record_from_json(json.loads(entry.payload))
-            effects.dead_letters.append(_dead(record, reason, "internal"))
+            effects.dead_letters.append(internal_dead_letter(_raw(record), reason, record.agent_id,
+                                                             getattr(record, "id", None)))
             if entry.checked:  # accepted in an earlier activation, while its plan was being made
                 state.put(SOURCES, record.id, entry.previous)
             state.put(QUEUE, seq_key(seq), None)
@@ -143,7 +146,7 @@ class PlannerCore(SourceRetention):
         return effects
 
     def _head(self, state: StateTransaction) -> QueueHead:
-        return state.get(HEAD, QueueHead) or QueueHead()
+        return state.get(HEAD) or QueueHead()
 
     def _drain(self, state: StateTransaction, head: QueueHead, finished: Finished, now_ms: int) -> Effects:
         effects = Effects()
@@ -217,7 +220,7 @@ class PlannerCore(SourceRetention):
         job = entry.job or PlanJob()
         entry.job = job
         try:
-            progress = drive(job, PlanTask(self.planner, prepared), finished, now_ms, self.retry)
+            progress = drive(job, PlanTask(self.planner, prepared), finished, now_ms, self.timing.retry)
         except InvalidPlan as exc:
             return self._failed(state, record, prepared, f"invalid planner output: {exc}", entry, now_ms, effects)
         entry.job_digest = self.job_digest(job, prepared)
