@@ -9,15 +9,16 @@ stays.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
+from flink_memory.config import Config
 from flink_memory.ids import NodeId
-from flink_memory.records import SummaryNode
+from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.batcher_state import DONE, HOMES, BatcherMeta, DoneBatch
-from flink_memory.stages.calls import Effects, Finished, Timing, drive
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
+from flink_memory.stages.unit_rows import Lineage, log_line
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
+from flink_memory.summarize.reduce import ReduceJob
 
 
 def next_revision(done: DoneBatch) -> tuple[int, list[str]]:
@@ -28,17 +29,48 @@ def next_revision(done: DoneBatch) -> tuple[int, list[str]]:
     return revision, [done.live, *between]
 
 
+def lineage_of(meta: BatcherMeta) -> Lineage:
+    """The history the agent's batcher log is written in."""
+    return Lineage(history=meta.history, branch=meta.branch)
+
+
+class BatchNodes:
+    """How the batcher makes a batch node and sends it: to the merger, and as retention keeps it, into the
+    agent's batcher log."""
+
+    def __init__(self, config: Config) -> None:
+        self.model = config.llm.model  # (a node made without a call: an empty revision)
+        self.logged = config.summarization.retention != "global_only"  # (the merger writes the same nodes)
+
+    def make(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str,
+             job: ReduceJob | None, replaces: list[str] | None = None) -> SummaryNode:
+        stamps = sorted(u.ts for u in units if u.ts)
+        return SummaryNode(
+            agent_id=agent_id, node_id=str(NodeId.batch(seq, revision)), kind="batch", level=1,
+            children=[u.unit_id for u in units], text=text, item_count=len(units),
+            first_ts=stamps[0] if stamps else None, last_ts=stamps[-1] if stamps else None,
+            model=",".join(job.models) if job and job.models else self.model,
+            prompt_tokens=job.prompt_tokens if job else 0, completion_tokens=job.completion_tokens if job else 0,
+            truncated=job.truncated if job else False, replaces=replaces or [],
+        )
+
+    def send(self, meta: BatcherMeta, effects: Effects, node: SummaryNode) -> None:
+        effects.out.append(node)
+        if self.logged:
+            meta.log_seq += 1
+            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", node.model_dump_json(),
+                                              lineage_of(meta)))
+
+
 class BatchRevisions:
-    """The batcher core's revisions of emitted batches (a part of BatcherCore): it builds and sends nodes
-    through the core."""
+    """The batcher's revisions of emitted batches, a part the core holds: it summarizes a batch again and seals
+    old ones; `nodes` makes and sends what it writes."""
 
-    factory: RequestFactory
-    timing: Timing
-    _node: Callable[..., SummaryNode]  # (agent_id, seq, revision, units, text, job, replaces): a batch node
-    _out: Callable[[BatcherMeta, Effects, SummaryNode], None]  # a node to the merger and the batcher log
+    def __init__(self, factory: RequestFactory, timing: Timing, nodes: BatchNodes) -> None:
+        self.factory, self.timing, self.nodes = factory, timing, nodes
 
-    def _resummarize(self, state: StateTransaction, meta: BatcherMeta, done: DoneBatch, finished: Finished,
-                     now_ms: int, effects: Effects) -> None:
+    def resummarize(self, state: StateTransaction, meta: BatcherMeta, done: DoneBatch, finished: Finished,
+                    now_ms: int, effects: Effects) -> None:
         """Summarize an emitted batch again from its remaining units; the new node replaces the live one."""
         text = ""
         if done.job is not None:
@@ -49,8 +81,8 @@ class BatchRevisions:
                 return
             text = progress.value
         revision, replaces = next_revision(done)
-        node = self._node(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
-        self._out(meta, effects, node)
+        node = self.nodes.make(state.key, done.seq, revision, done.units, text, done.job, replaces=replaces)
+        self.nodes.send(meta, effects, node)
         effects.counts["batches_revised"] += 1
         meta.resummarizing.remove(done.seq)
         if done.units:
@@ -59,7 +91,7 @@ class BatchRevisions:
         else:
             state.put(DONE, _key(done.seq), None)
 
-    def _sweep(self, state: StateTransaction, meta: BatcherMeta, now_ms: int) -> None:
+    def sweep(self, state: StateTransaction, meta: BatcherMeta, now_ms: int) -> None:
         """Emitted batches whose newest unit is older than memory.editable_for keep only their summary."""
         if not self.timing.sweep_due(meta.next_sweep_ms, now_ms):
             return

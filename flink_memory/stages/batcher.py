@@ -21,9 +21,9 @@ from typing import Any
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
-from flink_memory.records import MemoryUnit, SummaryNode
+from flink_memory.records import MemoryUnit
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.batch_revisions import BatchRevisions, next_revision
+from flink_memory.stages.batch_revisions import BatchNodes, BatchRevisions, lineage_of, next_revision
 from flink_memory.stages.batcher_state import (
     BATCHES,
     BUFFER,
@@ -61,7 +61,7 @@ from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.rooms import Rooms
 
 
-class BatcherCore(BatchRevisions):
+class BatcherCore:
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -69,8 +69,9 @@ class BatcherCore(BatchRevisions):
         self.factory = factory
         self.limits = Rooms.from_config(config, factory.budget).batch
         self.timing = Timing.from_config(config)
+        self.nodes = BatchNodes(config)
+        self.revisions = BatchRevisions(factory, self.timing, self.nodes)
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
-        self.log_nodes = config.summarization.retention != "global_only"  # (the merger writes the same nodes)
         self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
         calibration = factory.budget.counter.calibration
         self.initial = calibration.initial  # the estimate's upper bound: what a batch packs at before a report
@@ -122,8 +123,8 @@ class BatcherCore(BatchRevisions):
             if (flushed := self._close(state, meta, scale, buffer.take())) is not None:
                 self._drive(state, flushed, finished, now_ms, effects, scale)
         for seq in list(meta.resummarizing):
-            self._resummarize(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
-        self._sweep(state, meta, now_ms)
+            self.revisions.resummarize(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
+        self.revisions.sweep(state, meta, now_ms)
         return self._finish(state, buffer, meta, effects, now_ms)
 
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
@@ -150,7 +151,7 @@ class BatcherCore(BatchRevisions):
                 state.put(HOMES, unit.unit_id, None)
             revision, replaces = next_revision(done)
             _drop(meta, effects, done.units, reason)
-            self._out(meta, effects, self._node(state.key, seq, revision, [], "", None, replaces))
+            self.nodes.send(meta, effects, self.nodes.make(state.key, seq, revision, [], "", None, replaces))
             state.put(DONE, _key(seq), None)
         for key, stored in state.items(UNITS):
             gone.append(stored.unit)
@@ -256,7 +257,7 @@ class BatcherCore(BatchRevisions):
         held += [(unit, done.live) for _, done in state.items(DONE) for unit in done.units]
         meta.history, meta.branch = meta.history or self.lineage.history, self.lineage.branch
         meta.log_seq += 1
-        effects.emit(MEMORY_LOG, fork_line("batcher", state.key, meta.log_seq, _lineage(meta), base,
+        effects.emit(MEMORY_LOG, fork_line("batcher", state.key, meta.log_seq, lineage_of(meta), base,
                                            Snapshot(units=held)))
         return effects
 
@@ -319,9 +320,9 @@ class BatcherCore(BatchRevisions):
                 break
             # (a replay may have left any earlier revision in a store written ahead of the changelog)
             replaces = [str(NodeId.batch(batch.seq, r)) for r in range(batch.revision)]
-            node = self._node(state.key, batch.seq, batch.revision, batch.units, batch.text,
-                              batch.job if batch.units else None, replaces)
-            self._out(meta, effects, node)
+            node = self.nodes.make(state.key, batch.seq, batch.revision, batch.units, batch.text,
+                                   batch.job if batch.units else None, replaces)
+            self.nodes.send(meta, effects, node)
             effects.counts["batches"] += 1 if batch.units else 0
             state.put(BATCHES, _key(batch.seq), None)
             if batch.units:
@@ -333,26 +334,6 @@ class BatcherCore(BatchRevisions):
             if meta.next_sweep_ms is None:
                 meta.next_sweep_ms = self.timing.next_sweep_ms(now_ms)
             meta.next_emit += 1
-
-    def _out(self, meta: BatcherMeta, effects: Effects, node: SummaryNode) -> None:
-        """A batch node to the merger and, as retention keeps it, into the agent's batcher log."""
-        effects.out.append(node)
-        if self.log_nodes:
-            meta.log_seq += 1
-            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", node.model_dump_json(),
-                                              _lineage(meta)))
-
-    def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
-              replaces: list[str] | None = None) -> SummaryNode:
-        stamps = sorted(u.ts for u in units if u.ts)
-        return SummaryNode(
-            agent_id=agent_id, node_id=str(NodeId.batch(seq, revision)), kind="batch", level=1,
-            children=[u.unit_id for u in units], text=text, item_count=len(units),
-            first_ts=stamps[0] if stamps else None, last_ts=stamps[-1] if stamps else None,
-            model=",".join(job.models) if job and job.models else self.config.llm.model,
-            prompt_tokens=job.prompt_tokens if job else 0, completion_tokens=job.completion_tokens if job else 0,
-            truncated=job.truncated if job else False, replaces=replaces or [],
-        )
 
     # --- changes -------------------------------------------------------------------------------------
 
@@ -405,7 +386,7 @@ class BatcherCore(BatchRevisions):
             if seq not in meta.resummarizing:
                 meta.resummarizing.append(seq)
                 effects.out.append(HoldNodes(node_ids=[done.live]))
-            self._resummarize(state, meta, done, finished, now_ms, effects)
+            self.revisions.resummarize(state, meta, done, finished, now_ms, effects)
         self._emit(state, meta, effects, now_ms)
 
     def _forget(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects) -> None:
@@ -440,11 +421,7 @@ def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None
         meta.log_seq += 1
         numbered = {"seq": meta.log_seq, "history": meta.history, "branch": meta.branch}
         line = message.model_copy(update=numbered).model_dump_json()
-        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line, _lineage(meta)))
-
-
-def _lineage(meta: BatcherMeta) -> Lineage:
-    return Lineage(history=meta.history, branch=meta.branch)
+        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line, lineage_of(meta)))
 
 
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:

@@ -36,6 +36,7 @@ from flink_memory.stages.merger_state import (
     MergerSchedule,
     ParentJob,
     StoredNode,
+    merge_job,
 )
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, StageMessage
 from flink_memory.stages.protocol import Culprit, internal_dead_letter
@@ -50,7 +51,7 @@ JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's mode
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
 
-class MergerCore(TreeRevisions):
+class MergerCore:
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -61,6 +62,7 @@ class MergerCore(TreeRevisions):
         self.keep = KEEP[config.summarization.retention]
         self.refresh_ms = None if bounded else int(config.summarization.global_refresh_s * 1000)
         self.merge_target = Rooms.from_config(config, factory.budget).child_target
+        self.revisions = TreeRevisions(self.merge_target)
         self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
 
     # --- activations ---------------------------------------------------------------------------------
@@ -74,7 +76,7 @@ class MergerCore(TreeRevisions):
             self._forget(state, tree, schedule, effects)
             return self._settle(state, tree, schedule, effects)
         if isinstance(message, HoldNodes):
-            self._hold(state, message.node_ids)
+            self.revisions.hold(state, message.node_ids)
             return self._settle(state, tree, schedule, effects)
         if not isinstance(message, SummaryNode):
             raise TypeError(f"the merger takes summary nodes, holds and forgets, not {type(message).__name__}")
@@ -146,7 +148,11 @@ class MergerCore(TreeRevisions):
                     self._place(state, tree, node, newest, now_ms, finished, effects)
                 return
             for old_id in known or node.replaces[:1]:
-                self._supersede(state, tree, old_id, node, newest, now_ms, finished, effects)
+                then = self.revisions.supersede(state, tree, old_id, node, newest, effects)
+                if isinstance(then, SummaryNode):
+                    self._place(state, tree, then, newest, now_ms, finished, effects)
+                elif then is not None:
+                    self._run_merge(state, tree, then, finished, now_ms, effects)
             return
         self._place(state, tree, node, newest, now_ms, finished, effects)
 
@@ -157,18 +163,11 @@ class MergerCore(TreeRevisions):
         self._schedule_sweep(state, now_ms)
         for start in tree.add(node, self.fan_in, self.factory.budget, lambda i: state.entry(NODES, i).node):
             children = [c for c in start.children if c.item_count]
-            job = self._merge_job(start.node_id, start.level, children)
+            job = merge_job(start.node_id, start.level, children, self.merge_target)
             for child in start.children:
                 stored = state.entry(NODES, child.node_id)
                 state.put(NODES, child.node_id, stored.model_copy(update={"parent": start.node_id}))
             self._run_merge(state, tree, job, finished, now_ms, effects)
-
-    def _merge_job(self, node_id: str, level: int, children: list[SummaryNode],
-                   replaces: list[str] | None = None) -> ParentJob:
-        return ParentJob(node_id=node_id, level=level, children=[ChildRef.of(c) for c in children],
-                         replaces=replaces or [],
-                         job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in children],
-                                       target_tokens=self.merge_target))
 
     def _parent_text(self, job: ParentJob, finished: Finished, now_ms: int, effects: Effects) -> str | None:
         """A merge's or global's text once made (None while its calls run). One child is its own summary and

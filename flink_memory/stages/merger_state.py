@@ -21,7 +21,7 @@ from flink_memory.stages.reduce_state import ReduceJobV2
 from flink_memory.state import Entries, StateSchema, Value
 from flink_memory.state_layout import StateModel, StoredModel
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
+from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry
 
 TREE: Value[SummaryTree] = Value("merger_tree")
 SCHEDULE: Value[MergerSchedule] = Value("merger_clock")  # (a state's name is in every checkpoint: it stays as written)
@@ -151,6 +151,15 @@ class ParentJobV2(StateModel):
     children: list[ChildRefV2]
     job: ReduceJobV2
     replaces: list[str] = Field(default_factory=list)
+
+
+def merge_job(node_id: str, level: int, children: list[SummaryNode], target_tokens: int,
+              replaces: list[str] | None = None) -> ParentJob:
+    """The job of a merge of these children (in this order), asking `target_tokens` of its summary."""
+    return ParentJob(node_id=node_id, level=level, children=[ChildRef.of(c) for c in children],
+                     replaces=replaces or [],
+                     job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in children],
+                                   target_tokens=target_tokens))
 
 
 SCHEMA = StateSchema(values={TREE: SummaryTreeV2, SCHEDULE: MergerScheduleV2, GLOBAL: ParentJobV2,
