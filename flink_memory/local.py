@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flink_memory.config import Config
+from flink_memory.memory_log import LogEntry, UnitRows
 from flink_memory.records import DeadLetter, parse_line
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG, Effects, Finished
@@ -28,7 +29,6 @@ from flink_memory.stages.driver import Driver
 from flink_memory.stages.messages import END, StageMessage
 from flink_memory.stages.protocol import StageCore
 from flink_memory.stages.runner import DEAD_LETTERS, carry_out
-from flink_memory.stages.unit_rows import LogEntry, UnitRows
 from flink_memory.state import MemoryState, Migration, StateTransaction
 from flink_memory.topology import STAGES
 

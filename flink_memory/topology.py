@@ -4,7 +4,7 @@ The Flink wiring (flink_memory.flink.pipeline), the in-memory runner (flink_memo
 drill's stage (`job.inject_failure`) and the driver (given each stage's migration) all read `STAGES`: adding a
 stage is one entry here and its core. A stage takes the messages of the one before (the first: parsed input
 records, keyed by agent; flink_memory.stages.messages) and sends its messages to the next (the last: summary
-nodes out of the job); besides these and dead letters, a stage may send on side channels (`CHANNELS`), which
+nodes out of the job); besides these and dead letters, a stage may emit on side channels (`CHANNELS`), which
 the job unions across the stages that declare them.
 """
 
@@ -28,21 +28,21 @@ CHANNELS = {
     MEMORY_LOG: "the store's log: every node and unit-row message, numbered per agent and writer",
 }
 # The operator that reads the input, before the keyed stages: its Flink-counted numRecordsIn is the records read
-PARSE_LABEL = "parse-validate"
+PARSE_OPERATOR = "parse-validate"
 
 
 @dataclass(frozen=True)
 class StageSpec:
     """One keyed stage. `name` is its name in logs, metrics, dead-letter reasons and `job.inject_failure`;
-    `label` its Flink operator's name; `uid` its operator uid, part of the savepoint contract (never changed
+    `operator` its Flink operator's name; `uid` its operator uid, part of the savepoint contract (never changed
     without a migration note; thread mode adds a suffix, see `uid_for`)."""
 
     name: str
-    label: str
+    operator: str
     uid: str
     core: CoreFactory
     migration: Migration | None = None  # how state of an older layout (release 0.1.0) becomes the current one
-    channels: tuple[str, ...] = ()  # the side channels it sends on (CHANNELS)
+    channels: tuple[str, ...] = ()  # the side channels it emits on (CHANNELS)
 
     def uid_for(self, execution_mode: str) -> str:
         """PyFlink keeps keyed state in another layout in thread mode than in process mode, so a checkpoint

@@ -114,7 +114,7 @@ class StageFunction(KeyedProcessFunction):
     def __init__(self, spec: StageSpec, config_json: str, output_dir: str | None = None,
                  bounded: bool = False, *, keyed_output: bool = True) -> None:
         self.spec = spec
-        self.label = spec.name
+        self.stage = spec.name
         self.config_json = config_json
         self.output_dir = output_dir
         self.bounded = bounded
@@ -126,9 +126,9 @@ class StageFunction(KeyedProcessFunction):
         self.runtime = acquire_runtime(self.config, self.output_dir)
         self.pool = self.runtime.pool
         journal = self.runtime.client.journal
-        self.drill = StageDrill(self.config.job.inject_failure, self.label)
+        self.drill = StageDrill(self.config.job.inject_failure, self.stage)
         core = self.drill.around(self.spec.core(self.config, self.runtime.factory, bounded=self.bounded))
-        self.driver = Driver(core, self.label, journal.count_fault if journal is not None else _count_fault,
+        self.driver = Driver(core, self.stage, journal.count_fault if journal is not None else _count_fault,
                              self.spec.migration)
         schema = self.driver.schema
         values = {name: runtime_context.get_state(ValueStateDescriptor(name, Types.STRING()))
@@ -157,7 +157,7 @@ class StageFunction(KeyedProcessFunction):
         if getattr(self, "tally", None) is not None:
             self.tally.flush()
         if getattr(self, "runtime", None) is not None:
-            release_runtime(self.config, self.output_dir, self.label)
+            release_runtime(self.config, self.output_dir, self.stage)
             self.runtime = None
 
     # --- activations ---------------------------------------------------------------------------------
@@ -311,11 +311,11 @@ class StageFunction(KeyedProcessFunction):
         self.drill.results(effects)
         if effects.rejections:
             self._count("llm_context_rejections", effects.rejections)
-            log.warning("%s: %d request(s) refused for their length, re-packed smaller", self.label,
+            log.warning("%s: %d request(s) refused for their length, re-packed smaller", self.stage,
                         effects.rejections)
         for error in effects.failures:
             self._count("llm_failures")
-            log.warning("%s: provider failed, retrying later: %s", self.label, error)
+            log.warning("%s: provider failed, retrying later: %s", self.stage, error)
         for name, n in effects.counts.items():
             self._count(name, n)
         if (waited := effects.counts.get("first_report_wait_ms")) and self.runtime is not None:

@@ -11,11 +11,11 @@ from __future__ import annotations
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
+from flink_memory.memory_log import Lineage, log_line
 from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.batcher_state import DONE, HOMES, BatcherMeta, DoneBatch
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
-from flink_memory.stages.unit_rows import Lineage, log_line
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.reduce import ReduceJob

@@ -10,9 +10,9 @@ which then leaves as the revision it would have become had it left first (`batch
 batch was already emitted, that batch is summarized again from its remaining units and the new node replaces
 the old one (stages.batch_revisions, which also seals emitted batches after `memory.editable_for`).
 
-Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows):
+Each unit is a store row from the moment it is accepted until it is retracted or dropped (flink_memory.memory_log):
 its rows and the batch nodes go, numbered in the order they were decided, into the agent's batcher log
-(stages.unit_rows.LogEntry), which the store follows.
+(flink_memory.memory_log.LogEntry), which the store follows.
 """
 
 from __future__ import annotations
@@ -21,6 +21,17 @@ from typing import Any
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
+from flink_memory.memory_log import (
+    Base,
+    Lineage,
+    Snapshot,
+    UnitRows,
+    accepted,
+    dropped,
+    forgotten,
+    fork_line,
+    log_line,
+)
 from flink_memory.records import MemoryUnit
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.batch_revisions import BatchNodes, BatchRevisions, lineage_of, next_revision
@@ -43,17 +54,6 @@ from flink_memory.stages.batcher_state import (
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, Retract, StageMessage
 from flink_memory.stages.protocol import Culprit, internal_dead_letter
-from flink_memory.stages.unit_rows import (
-    Base,
-    Lineage,
-    Snapshot,
-    UnitRows,
-    accepted,
-    dropped,
-    forgotten,
-    fork_line,
-    log_line,
-)
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, ClosedBatch, unit_entry
@@ -100,7 +100,7 @@ class BatcherCore:
         state.put(UNITS, _key(seq), StoredUnit(unit=unit, arrived_ms=now_ms))
         state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
-        _send(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
+        _log_rows(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
         scale = self._scale(state)
         summarized = self._release(state, buffer, meta, scale, finished, now_ms, effects)
         for batch in self._pack(state, buffer, meta, scale, unit_entry(unit), now_ms):
@@ -168,7 +168,7 @@ class BatcherCore:
         if (scale := self._scale(state)).awaiting is not None:  # (the batch it awaited left unsummarized)
             state.set(SCALE, scale.model_copy(update={"awaiting": None}))
         _drop(meta, effects, gone, reason)
-        self._emit(state, meta, effects)
+        self._send_ready(state, meta, effects)
         if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
             effects.dead_letters.append(brought)
         return self._finish(state, buffer, meta, effects, 0)
@@ -309,7 +309,7 @@ class BatcherCore:
         state.put(BATCHES, _key(batch.seq), batch)
         self._learn(state, scale, batch)
 
-    def _emit(self, state: StateTransaction, meta: BatcherMeta, effects: Effects, now_ms: int = 0) -> None:
+    def _send_ready(self, state: StateTransaction, meta: BatcherMeta, effects: Effects, now_ms: int = 0) -> None:
         """Finished batches leave in batch order, so the tree downstream sees a stable chronology."""
         while meta.next_emit < meta.next_batch:
             batch = state.entry(BATCHES, _key(meta.next_emit))
@@ -362,7 +362,7 @@ class BatcherCore:
                     state.put(name, _key(home.batch), batch)
                     touched.add(home.batch)
                     break
-        _send(meta, effects, dropped(state.key, gone))
+        _log_rows(meta, effects, dropped(state.key, gone))
         for seq in sorted(touched_pending):  # (the call in flight for the old content is ignored)
             pending = state.entry(BATCHES, _key(seq))
             rebuilt = self._pending(seq, pending.units, pending.job.scale)
@@ -387,7 +387,7 @@ class BatcherCore:
                 meta.resummarizing.append(seq)
                 effects.out.append(HoldNodes(node_ids=[done.live]))
             self.revisions.resummarize(state, meta, done, finished, now_ms, effects)
-        self._emit(state, meta, effects, now_ms)
+        self._send_ready(state, meta, effects, now_ms)
 
     def _forget(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects) -> None:
         """Everything of the agent goes; batch numbers go on, so no node id is ever used twice."""
@@ -396,7 +396,7 @@ class BatcherCore:
         state.set(SCALE, None)
         buffer.take()
         meta.next_emit, meta.resummarizing, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
-        _send(meta, effects, [forgotten(state.key)])
+        _log_rows(meta, effects, [forgotten(state.key)])
         effects.out.append(ForgetAgent())
 
     # --- the end of an activation ------------------------------------------------------------------
@@ -404,7 +404,7 @@ class BatcherCore:
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
                 now_ms: int, *, emit: bool = True) -> Effects:
         if emit:
-            self._emit(state, meta, effects, now_ms)
+            self._send_ready(state, meta, effects, now_ms)
         due = self._flush_due(buffer, meta)
         if buffer.count and due is not None and not buffer.held:  # (held: the awaited call's end wakes it)
             effects.wake(max(due, now_ms))
@@ -414,7 +414,7 @@ class BatcherCore:
         return effects
 
 
-def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None:
+def _log_rows(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None:
     """Unit rows, numbered, into the agent's batcher log (and from there, at once, the store), in the order of
     the batch nodes this batcher logs."""
     for message in messages:
@@ -429,4 +429,4 @@ def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: 
     for unit in units:
         effects.dead_letters.append(internal_dead_letter(unit.model_dump_json(), reason, unit.agent_id, unit.source_id))
     if units:
-        _send(meta, effects, dropped(units[0].agent_id, [unit.unit_id for unit in units]))
+        _log_rows(meta, effects, dropped(units[0].agent_id, [unit.unit_id for unit in units]))

@@ -38,7 +38,7 @@ class BatcherMeta(BaseModel):
     resummarizing: list[int] = Field(default_factory=list)  # emitted batches being summarized again
     next_sweep_ms: int | None = None
     log_seq: int = 0  # entries of the agent's batcher log (unit rows and batch nodes) written so far
-    history: str = ""  # the history and branch the log was last written in (stages.unit_rows.Lineage)
+    history: str = ""  # the history and branch the log was last written in (flink_memory.memory_log.Lineage)
     branch: str = ""
 
 
@@ -110,7 +110,7 @@ class BatchBufferV2(StateModel):
 class BatcherMetaV2(StateModel):
     model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
     stores: ClassVar = BatcherMeta
-    added: ClassVar = frozenset({"history", "branch"})  # (stages.unit_rows.Lineage)
+    added: ClassVar = frozenset({"history", "branch"})  # (flink_memory.memory_log.Lineage)
 
     next_batch: int = 1
     next_emit: int = 1

@@ -22,7 +22,7 @@ if TYPE_CHECKING:
 
 # Results of finished calls by request digest: a ChatResult, or the error the call ended with.
 Finished = Mapping[str, "ChatResult | BaseException"]
-# The side channels a stage may send on besides its records and dead letters (flink_memory.topology.CHANNELS)
+# The side channels a stage may emit on besides its records and dead letters (flink_memory.topology.CHANNELS)
 MANIFESTS = "manifests"
 MEMORY_LOG = "memory-log"
 
@@ -146,7 +146,7 @@ def drive(job: CallJob, context: Any, finished: Finished, now_ms: int, retry: Re
 class Effects:
     """What one activation of a stage core asks the shell to do."""
 
-    out: list[StageMessage] = field(default_factory=list)  # to the next stage (the last's: out of the job)
+    out: list[StageMessage] = field(default_factory=list)  # sent to the next stage (the last's: out of the job)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     side: dict[str, list[str]] = field(default_factory=dict)  # per side channel (flink_memory.topology.CHANNELS)
     start: list[ChatRequest] = field(default_factory=list)
@@ -160,7 +160,7 @@ class Effects:
     counts: Counter[str] = field(default_factory=Counter)
 
     def emit(self, channel: str, payload: str) -> None:
-        """Send `payload` on a side channel the stage declares (its StageSpec's `channels`)."""
+        """Emit `payload` on a side channel the stage declares (its StageSpec's `channels`)."""
         self.side.setdefault(channel, []).append(payload)
 
     @property

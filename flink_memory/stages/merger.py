@@ -13,13 +13,14 @@ siblings' summaries are there to merge again; then only the frontier stays. Forg
 empty global that replaces every node of the agent written before.
 
 The store follows the agent's memory log: the merges and globals written here, numbered per agent, beside
-the batcher's own log of unit rows and batch nodes (stages.unit_rows).
+the batcher's own log of unit rows and batch nodes (flink_memory.memory_log).
 """
 
 from __future__ import annotations
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
+from flink_memory.memory_log import Base, Lineage, Snapshot, fork_line, log_line
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
@@ -40,7 +41,6 @@ from flink_memory.stages.merger_state import (
 )
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, StageMessage
 from flink_memory.stages.protocol import Culprit, internal_dead_letter
-from flink_memory.stages.unit_rows import Base, Lineage, Snapshot, fork_line, log_line
 from flink_memory.state import StateTransaction
 from flink_memory.state_layout import dump_model
 from flink_memory.summarize.reduce import ReduceJob
@@ -84,7 +84,7 @@ class MergerCore:
         schedule.ended = False
         if schedule.first_node_ms is None:
             schedule.first_node_ms = now_ms
-        self._write(node, effects)
+        self._send(node, effects)
         self._arrive(state, tree, node, now_ms, finished, effects)
         return self._advance(state, tree, schedule, finished, now_ms, effects)
 
@@ -120,7 +120,7 @@ class MergerCore:
             node = self._parent_node(state.key, job, "merge", text).model_copy(
                 update={"model": JOINED_MODEL, "completion_tokens": 0})
             effects.counts["merges_joined"] += 1
-            self._write(node, effects)
+            self._send(node, effects)
             self._arrive(state, tree, node, 0, {}, effects)
         if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
             effects.dead_letters.append(brought)
@@ -128,7 +128,7 @@ class MergerCore:
 
     # --- the tree ------------------------------------------------------------------------------------
 
-    def _write(self, node: SummaryNode, effects: Effects) -> None:
+    def _send(self, node: SummaryNode, effects: Effects) -> None:
         if node.kind in self.keep:
             effects.out.append(node)
 
@@ -187,7 +187,7 @@ class MergerCore:
         state.put(MERGES, job.node_id, None)
         node = self._parent_node(state.key, job, "merge", text)
         effects.counts["merges"] += 1
-        self._write(node, effects)
+        self._send(node, effects)
         self._arrive(state, tree, node, now_ms, finished, effects)
 
     def _advance(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, finished: Finished,
@@ -279,7 +279,7 @@ class MergerCore:
         tree.global_done([c.node_id for c in pending.children], node.version or 0)
         schedule.last_global_ms = now_ms
         effects.counts["globals"] += 1
-        self._write(node, effects)
+        self._send(node, effects)
 
     def _parent_node(self, agent_id: str, job: ParentJob, kind: str, text: str) -> SummaryNode:
         firsts = [c.first_ts for c in job.children if c.first_ts]
@@ -316,7 +316,7 @@ class MergerCore:
                            item_count=0, model=self.config.llm.model, version=version, replaces=replaces)
         schedule.first_node_ms = schedule.last_global_ms = schedule.next_sweep_ms = None
         effects.counts["agents_forgotten"] += 1
-        self._write(node, effects)
+        self._send(node, effects)
 
     def _schedule_sweep(self, state: StateTransaction, now_ms: int) -> None:
         schedule = state.get(SCHEDULE) or MergerSchedule()

@@ -42,7 +42,7 @@ class MergerSchedule(BaseModel):
 
 class LogPosition(BaseModel):
     """How many entries of the agent's merger log were written (the `seq` of the last one), in which history and
-    branch (stages.unit_rows.Lineage), and the last global it wrote (what a new branch's snapshot carries)."""
+    branch (flink_memory.memory_log.Lineage), and the last global it wrote (what a new branch's snapshot carries)."""
 
     seq: int = 0
     history: str = ""
@@ -123,7 +123,7 @@ class MergerScheduleV2(StateModel):
 
 class LogPositionV2(StateModel):
     stores: ClassVar = LogPosition
-    added: ClassVar = frozenset({"history", "branch", "current"})  # (stages.unit_rows.Lineage)
+    added: ClassVar = frozenset({"history", "branch", "current"})  # (flink_memory.memory_log.Lineage)
 
     seq: int = 0
     history: str = ""

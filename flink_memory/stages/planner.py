@@ -193,7 +193,7 @@ class PlannerCore(SourceRetention):
             routed = self.planner.route(record)
             content = routed.manifest.input_digest if routed.manifest else item_digest(record)
             if self._accept(state, record, content, entry, now_ms, effects):
-                self._emit(state, record, routed, entry, now_ms, effects, content=content)
+                self._send_units(state, record, routed, entry, now_ms, effects, content=content)
             return True
         assert isinstance(record, Conversation)
         prepared = prepare(record)
@@ -208,7 +208,7 @@ class PlannerCore(SourceRetention):
                 return True
             if reused is not None:
                 effects.counts["plans_reused"] += 1
-                self._emit(state, record, reused, entry, now_ms, effects, store=False)
+                self._send_units(state, record, reused, entry, now_ms, effects, store=False)
                 return True
             entry.checked = True
         if entry.job is not None and entry.job_digest != self.job_digest(entry.job, prepared):
@@ -228,7 +228,7 @@ class PlannerCore(SourceRetention):
         if progress.state == "done":
             effects.counts["plans_made"] += 1
             routed = self.planner.finish(record, prepared, progress.value, "semantic", calls=job.calls)
-            self._emit(state, record, routed, entry, now_ms, effects)
+            self._send_units(state, record, routed, entry, now_ms, effects)
             return True
         if progress.state == "failed":
             return self._failed(state, record, prepared, f"planner call failed: {progress.error}", entry, now_ms,
@@ -253,7 +253,7 @@ class PlannerCore(SourceRetention):
             return True
         effects.counts["plan_fallbacks"] += 1
         calls = entry.job.calls if entry.job else 0
-        self._emit(state, record, self.planner.fallback(record, prepared, reason, calls), entry, now_ms, effects)
+        self._send_units(state, record, self.planner.fallback(record, prepared, reason, calls), entry, now_ms, effects)
         return True
 
     def _accept(self, state: StateTransaction, record: Content, input_digest: str | None, entry: QueuedRecord,
@@ -317,7 +317,7 @@ class PlannerCore(SourceRetention):
             return _dead(record, f"stored chunk plan failed verification, not reused: {exc}", "plan")
         return routed
 
-    def _emit(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord, now_ms: int,
+    def _send_units(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord, now_ms: int,
               effects: Effects, store: bool = True, content: str | None = None) -> None:
         previous = entry.previous
         if previous is not None and self._sealed(previous, now_ms):  # sealed while the update was planned:
