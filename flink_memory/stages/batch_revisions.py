@@ -1,6 +1,6 @@
-"""The batcher's revisions of emitted batches: summarized again after a change, until they are sealed.
+"""The batcher's revisions of sent batches: summarized again after a change, until they are sealed.
 
-A retraction that reaches a batch already emitted has the batch summarized again from its remaining units; the
+A retraction that reaches a batch already sent has the batch summarized again from its remaining units; the
 new node replaces the live one (`batch-000007-r1` replaces `batch-000007`; with no unit left, an empty node
 does). A batch's revision counts the changes that reached it, so batch ids never depend on when calls end.
 Emitted batches keep their units for `memory.editable_for` after their newest unit, then only the summary
@@ -22,7 +22,7 @@ from flink_memory.summarize.reduce import ReduceJob
 
 
 def next_revision(done: DoneBatch) -> tuple[int, list[str]]:
-    """The revision an emitted batch is made into, and what it replaces: the live node and every revision
+    """The revision a sent batch is made into, and what it replaces: the live node and every revision
     between (which the first attempt of a replay may have written)."""
     revision = max(done.target, done.revision + 1)
     between = (str(NodeId.batch(done.seq, r)) for r in range(done.revision + 1, revision))
@@ -63,7 +63,7 @@ class BatchNodes:
 
 
 class BatchRevisions:
-    """The batcher's revisions of emitted batches, a part the core holds: it summarizes a batch again and seals
+    """The batcher's revisions of sent batches, a part the core holds: it summarizes a batch again and seals
     old ones; `nodes` makes and sends what it writes."""
 
     def __init__(self, factory: RequestFactory, timing: Timing, nodes: BatchNodes) -> None:
@@ -71,7 +71,7 @@ class BatchRevisions:
 
     def resummarize(self, state: StateTransaction, meta: BatcherMeta, done: DoneBatch, finished: Finished,
                     now_ms: int, effects: Effects) -> None:
-        """Summarize an emitted batch again from its remaining units; the new node replaces the live one."""
+        """Summarize a sent batch again from its remaining units; the new node replaces the live one."""
         text = ""
         if done.job is not None:
             progress = drive(done.job, self.factory, finished, now_ms, self.timing.retry)

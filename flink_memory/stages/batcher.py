@@ -7,8 +7,8 @@ after its first unit; on a bounded one it closes when the input ends, never beca
 
 Changes: a retracted unit leaves the buffer; or the pending batch it is in, whose summary job is rebuilt and
 which then leaves as the revision it would have become had it left first (`batch-000007-r1`); or, when its
-batch was already emitted, that batch is summarized again from its remaining units and the new node replaces
-the old one (stages.batch_revisions, which also seals emitted batches after `memory.editable_for`).
+batch was already sent, that batch is summarized again from its remaining units and the new node replaces
+the old one (stages.batch_revisions, which also seals sent batches after `memory.editable_for`).
 
 Each unit is a store row from the moment it is accepted until it is retracted or dropped (flink_memory.memory_log):
 its rows and the batch nodes go, numbered in the order they were decided, into the agent's batcher log
@@ -107,7 +107,7 @@ class BatcherCore:
             # (only a batch summarized now can let batches leave: the others wait for a wake)
             self._drive(state, batch, finished, now_ms, effects, scale)
             summarized = summarized or batch.text is not None
-        return self._finish(state, buffer, meta, effects, now_ms, emit=summarized)
+        return self._finish(state, buffer, meta, effects, now_ms, send=summarized)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
@@ -339,7 +339,7 @@ class BatcherCore:
 
     def _retract(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, unit_ids: list[str],
                  finished: Finished, now_ms: int, effects: Effects) -> None:
-        """Take units out wherever they are; batches already emitted are summarized again without them."""
+        """Take units out wherever they are; batches already sent are summarized again without them."""
         scale = self._scale(state)
         touched_pending: set[int] = set()
         touched_done: set[int] = set()
@@ -355,7 +355,7 @@ class BatcherCore:
             if home.batch is None:
                 state.put(UNITS, _key(home.seq), None)
                 continue
-            for name, touched in ((BATCHES, touched_pending), (DONE, touched_done)):  # pending, else emitted
+            for name, touched in ((BATCHES, touched_pending), (DONE, touched_done)):  # pending, else sent
                 batch = state.entry(name, _key(home.batch))
                 if batch is not None:
                     batch.units = [u for u in batch.units if u.unit_id != unit_id]
@@ -367,7 +367,7 @@ class BatcherCore:
             pending = state.entry(BATCHES, _key(seq))
             rebuilt = self._pending(seq, pending.units, pending.job.scale)
             rebuilt.revision = pending.revision + 1
-            if not pending.units:  # it leaves as an empty node, as an emitted batch with no unit left does
+            if not pending.units:  # it leaves as an empty node, as a sent batch with no unit left does
                 rebuilt.text = ""
                 state.put(BATCHES, _key(seq), rebuilt)
                 if scale.awaiting == seq:  # (the awaited batch is gone: the next one closed tells)
@@ -402,8 +402,8 @@ class BatcherCore:
     # --- the end of an activation ------------------------------------------------------------------
 
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
-                now_ms: int, *, emit: bool = True) -> Effects:
-        if emit:
+                now_ms: int, *, send: bool = True) -> Effects:
+        if send:
             self._send_ready(state, meta, effects, now_ms)
         due = self._flush_due(buffer, meta)
         if buffer.count and due is not None and not buffer.held:  # (held: the awaited call's end wakes it)

@@ -2,7 +2,7 @@
 
 Per agent: the open batch's buffer (small: counts and dates) with its units in a map by sequence number, where
 each unit is (a map by unit id), the scale its batches are packed at (`BatchScale`), the batches being
-summarized, the emitted batches whose units are still editable, and the counters (`BatcherMeta`). The `*V2`
+summarized, the sent batches whose units are still editable, and the counters (`BatcherMeta`). The `*V2`
 models are the checkpoint layout (version 2: their names and JSON fields are in every checkpoint); the domain
 types beside them may change freely, each conversion being field by field
 (`flink_memory.state_layout.StateModel`). Units are `records.MemoryUnit`, an output contract of its own,
@@ -35,7 +35,7 @@ class BatcherMeta(BaseModel):
     next_batch: int = 1  # number of the next batch (its node id: NodeId.batch)
     next_emit: int = 1  # batches leave in order: the next one to emit
     ended: bool = False  # the input ended: close what is open, do not wait for timeouts
-    resummarizing: list[int] = Field(default_factory=list)  # emitted batches being summarized again
+    resummarizing: list[int] = Field(default_factory=list)  # sent batches being summarized again
     next_sweep_ms: int | None = None
     log_seq: int = 0  # entries of the agent's batcher log (unit rows and batch nodes) written so far
     history: str = ""  # the history and branch the log was last written in (flink_memory.memory_log.Lineage)
@@ -69,7 +69,7 @@ class PendingBatch(BaseModel):
 
 
 class DoneBatch(BaseModel):
-    """An emitted batch while its units are editable: what a revision summarizes again."""
+    """A sent batch while its units are editable: what a revision summarizes again."""
 
     seq: int
     units: list[MemoryUnit]

@@ -77,7 +77,7 @@ def item_digest(record: InputRecord) -> str:
     return digest(record.model_dump(mode="json", exclude={"ts", "metadata"}))
 
 
-class PlannerCore(SourceRetention):
+class PlannerCore:
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
@@ -85,6 +85,7 @@ class PlannerCore(SourceRetention):
         self.config = config
         self.planner = ChunkPlanner(config, factory, Rooms.from_config(config, factory.budget).batch_item_room)
         self.timing = Timing.from_config(config)
+        self.retention = SourceRetention(self.timing, config.memory.editable_for)
         self.raise_on_failure = config.chunking.on_planner_failure == "raise"
         self.inspect: Callable[[InputRecord], None] | None = None
 
@@ -104,7 +105,7 @@ class PlannerCore(SourceRetention):
             effects = Effects()
             entry = QueuedRecord(payload=payload)
             if self._guarded(state, entry, None, finished, now_ms, effects, message):
-                self._sweep(state, now_ms, effects)
+                self.retention.sweep(state, now_ms, effects)
                 return effects
             state.put(QUEUE, seq_key(head.next), entry)
             head.next += 1
@@ -161,7 +162,7 @@ class PlannerCore(SourceRetention):
             state.put(QUEUE, seq_key(head.first), None)
             head.first += 1
         state.set(HEAD, head if head.first < head.next else None)
-        self._sweep(state, now_ms, effects)
+        self.retention.sweep(state, now_ms, effects)
         return effects
 
     # --- one record ----------------------------------------------------------------------------------
@@ -266,12 +267,12 @@ class PlannerCore(SourceRetention):
             effects.dead_letters.append(_dead(record, "duplicate: this id was already accepted with identical "
                                                       "content", "duplicate"))
             return False
-        if previous is not None and self._sealed(previous, now_ms):
-            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id), "change"))
+        if previous is not None and self.retention.sealed(previous, now_ms):
+            effects.dead_letters.append(_dead(record, self.retention.sealed_reason(record.id), "change"))
             return False
         entry.previous = previous
         state.put(SOURCES, record.id, SourceEntry(digest=content, accepted_ms=now_ms))
-        self._remember(state, now_ms, effects)
+        self.retention.remember(state, now_ms, effects)
         return True
 
     def _delete(self, state: StateTransaction, record: Deletion, now_ms: int, effects: Effects) -> None:
@@ -281,8 +282,8 @@ class PlannerCore(SourceRetention):
                                                       f"{record.id!r} to delete (never sent, already deleted, or "
                                                       "sealed long ago)", "change"))
             return
-        if self._sealed(previous, now_ms):
-            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id), "change"))
+        if self.retention.sealed(previous, now_ms):
+            effects.dead_letters.append(_dead(record, self.retention.sealed_reason(record.id), "change"))
             return
         effects.out.append(Retract(units=previous.units, reason=f"record {record.id} deleted"))
         effects.counts["deletions"] += 1
@@ -317,12 +318,12 @@ class PlannerCore(SourceRetention):
             return _dead(record, f"stored chunk plan failed verification, not reused: {exc}", "plan")
         return routed
 
-    def _send_units(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord, now_ms: int,
-              effects: Effects, store: bool = True, content: str | None = None) -> None:
+    def _send_units(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord,
+                    now_ms: int, effects: Effects, store: bool = True, content: str | None = None) -> None:
         previous = entry.previous
-        if previous is not None and self._sealed(previous, now_ms):  # sealed while the update was planned:
-            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id) + " (it was sealed while "
-                                                      "this update was planned)", "change"))
+        if previous is not None and self.retention.sealed(previous, now_ms):  # sealed while the update was planned:
+            reason = self.retention.sealed_reason(record.id) + " (it was sealed while this update was planned)"
+            effects.dead_letters.append(_dead(record, reason, "change"))
             state.put(SOURCES, record.id, previous)  # the old version stays what this id stands for
             return
         if previous is not None:  # an update: the old version's units leave before the new ones arrive
