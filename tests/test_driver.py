@@ -149,3 +149,22 @@ def test_no_core_reads_the_drill():
     for path in Path(stages.__path__[0]).glob("*.py"):
         if path.name != "drills.py":
             assert "inject_failure" not in path.read_text(), path
+
+
+def test_the_cores_hold_their_parts_and_inherit_none():
+    """A core's parts (revisions, retention) are objects it makes with what they need, not mixins that call
+    back into it: no stage core has a base class, and no part declares a callable of its core."""
+    import typing
+
+    from flink_memory.stages.batch_revisions import BatchNodes, BatchRevisions
+    from flink_memory.stages.merger_revisions import TreeRevisions
+    from flink_memory.stages.planner_retention import SourceRetention
+    from flink_memory.topology import STAGES
+
+    assert all(spec.core.__bases__ == (object,) for spec in STAGES)
+    for part in (BatchNodes, BatchRevisions, TreeRevisions, SourceRetention):
+        assert "Callable" not in str(typing.get_type_hints(part, include_extras=True)), part
+    pipeline = Pipeline(cfg())
+    planner, batcher, merger = (stage.core for stage in pipeline.stages)
+    assert isinstance(planner.retention, SourceRetention) and isinstance(merger.revisions, TreeRevisions)
+    assert isinstance(batcher.revisions, BatchRevisions) and batcher.revisions.nodes is batcher.nodes
