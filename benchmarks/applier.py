@@ -30,8 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from flink_memory.memory_log import LogEntry, UnitRows
 from flink_memory.records import MemoryUnit
-from flink_memory.stages.unit_rows import LogEntry, UnitRows
 from flink_memory.store import open_store
 from flink_memory.store.applier import LOG_DIR, LogApplier
 

@@ -44,7 +44,7 @@ def problems(config: Config, counter: TokenCounter | None = None) -> list[str]:
             break
     if config.chunking.semantic:
         planner = ChunkPlanner(config, factory, rooms.batch_item_room)
-        lines = planner.line_room(None) // (planner.preview_tokens(None) + 24)
+        lines = planner.lines_per_request(None)
         if budget.context_window - PLAN_OUTPUT_TOKENS <= 0 or lines < MIN_PLANNER_LINES:
             found.append(f"a planning request holds {max(0, lines)} exchanges (needs {MIN_PLANNER_LINES})")
     return found

@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
 
 from flink_memory.databases import is_postgres, sqlite_path
 from flink_memory.kafka import SinkConfig, SourceConfig
@@ -43,6 +51,45 @@ class ConfigError(ValueError):
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+_DRILL = re.compile(r"^(?P<target>[a-z][a-z-]*):(?:(?P<at>[1-9][0-9]*)|after:(?P<agent>[^/:]+)/(?P<node>[^:]+)):"
+                    r"(?P<marker>.+)$|^record:(?P<record_agent>[^/]+)/(?P<record_id>.+)$")
+
+
+class Drill(BaseModel):
+    """A recovery drill (`job.inject_failure`), parsed once from its text; the runners apply it around a stage's
+    core (flink_memory.stages.drills), so no core reads it. It is written back as the same text."""
+
+    model_config = ConfigDict(frozen=True)
+
+    target: str  # a stage's name, "call" (fresh LLM results) or "record"
+    at: int | None = None  # the n-th activation of the stage, or the n-th fresh result
+    after: tuple[str, str] | None = None  # (agent, node id): the stage's first activation after the one that took it
+    record: tuple[str, str] | None = None  # (agent, record id): the planner fails every time it handles it
+    marker: str | None = None  # the file that records that the drill fired (it fires while the file is absent)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _parse(cls, value: Any) -> Any:
+        if not isinstance(value, str):
+            return value
+        found = _DRILL.match(value)
+        if found is None:
+            raise ValueError(f"{value!r} is no drill: STAGE:N:MARKER, STAGE:after:AGENT/NODE:MARKER, call:N:MARKER "
+                             "or record:AGENT/ID")
+        if found["record_agent"] is not None:
+            return {"target": "record", "record": (found["record_agent"], found["record_id"])}
+        after = (found["agent"], found["node"]) if found["agent"] is not None else None
+        return {"target": found["target"], "at": int(found["at"]) if found["at"] else None, "after": after,
+                "marker": found["marker"]}
+
+    @model_serializer
+    def _text(self) -> str:
+        if self.record is not None:
+            return f"record:{self.record[0]}/{self.record[1]}"
+        when = f"after:{self.after[0]}/{self.after[1]}" if self.after is not None else str(self.at)
+        return f"{self.target}:{when}:{self.marker}"
 
 
 class LLMConfig(_Section):
@@ -207,8 +254,7 @@ class JobConfig(_Section):
     # which checks the name when the job is built) fail at its n-th activation (element or timer), or
     # "call:n:..." at the n-th fresh LLM result; "stage:after:agent/node-id:marker-file" at the stage's first
     # activation after the one that took that node; once, while the marker file is absent.
-    inject_failure: str | None = Field(None, pattern=r"^([a-z][a-z-]*:[1-9][0-9]*:.+|"
-                                                     r"[a-z][a-z-]*:after:[^/:]+/[^:]+:.+|record:[^/]+/.+)$")
+    inject_failure: Drill | None = None
     # The Kafka connector jar (a path), loaded when the input or an output is Kafka; null: the Maven cache's
     # flink-sql-connector-kafka (flink_memory.kafka.CONNECTOR).
     kafka_connector_jar: str | None = None

@@ -2,7 +2,7 @@
 
 A job started without a restore mints a history; every submission (a fresh start or a restore from any
 savepoint or retained checkpoint) mints a branch. Both are time-ordered ids, so a later submission's branch
-sorts after an earlier one's: the store follows the newest branch of its history (stages.unit_rows.Lineage).
+sorts after an earlier one's: the store follows the newest branch of its history (flink_memory.memory_log.Lineage).
 The job records in its output a small descriptor, `flink-memory.json`: the history, its branches, the store's
 URL without secrets, the embedding model and the log's format, so `flink-memory apply --output DIR` needs
 nothing else, and a job that would write into an output or a store another history owns is refused at start.
@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from flink_memory.stages.unit_rows import BRANCH_ID, Lineage
+from flink_memory.memory_log import BRANCH_ID, Lineage
 
 if TYPE_CHECKING:
     from flink_memory.config import Config

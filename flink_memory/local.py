@@ -4,8 +4,9 @@
 activation driver the Flink shell uses (flink_memory.stages.driver), carrying out effects as the shell does
 (flink_memory.stages.runner). `answer(request)` answers each call at once (a ChatResult, or an exception to
 hold as the call's error); a key is woken again until nothing is left in flight, and time jumps to the next
-deadline only when asked (`advance`). Faults are not counted: an error of ours is raised to the caller as it
-is. For tests, notebooks and tools that want the pipeline's decisions in milliseconds.
+deadline only when asked (`advance`). Faults are not counted: an error of ours (or of a drill,
+`job.inject_failure`, applied around each core as the shell does) is raised to the caller as it is. For tests,
+notebooks and tools that want the pipeline's decisions in milliseconds.
 
     pipeline = LocalPipeline(config, answer).feed(*records).end()
     pipeline.current("agent-0")   # the agent's latest global summary, as written to summaries/
@@ -19,14 +20,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from flink_memory.config import Config
+from flink_memory.memory_log import LogEntry, UnitRows
 from flink_memory.records import DeadLetter, parse_line
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG, Effects, Finished
+from flink_memory.stages.drills import StageDrill
 from flink_memory.stages.driver import Driver
 from flink_memory.stages.messages import END, StageMessage
 from flink_memory.stages.protocol import StageCore
 from flink_memory.stages.runner import DEAD_LETTERS, carry_out
-from flink_memory.stages.unit_rows import LogEntry, UnitRows
 from flink_memory.state import MemoryState, Migration, StateTransaction
 from flink_memory.topology import STAGES
 
@@ -41,8 +43,11 @@ class LocalStage:
     core: StageCore
     state: MemoryState = field(default_factory=MemoryState)
     migration: Migration | None = None
+    drill: StageDrill | None = None  # job.inject_failure, around the core (stages.drills)
 
     def __post_init__(self) -> None:
+        if self.drill is not None:
+            self.core = self.drill.around(self.core)
         self.driver = Driver(self.core, self.name, migration=self.migration)
 
     def run(self, key: str, call: Callable[[StateTransaction], Effects]) -> Effects:
@@ -52,8 +57,13 @@ class LocalStage:
 
     def activate(self, key: str, message: StageMessage | None, finished: Finished, now_ms: int) -> Effects:
         """A message (END: the end of input) or a wake-up (None), as the shell runs it."""
+        if self.drill is not None:
+            self.drill.before(key, message)
         self.state.current_key = key
-        return self.driver.activate(self.state, key, message, finished, now_ms)
+        effects = self.driver.activate(self.state, key, message, finished, now_ms)
+        if self.drill is not None:
+            self.drill.results(effects)
+        return effects
 
 
 class _StageRunner:
@@ -123,7 +133,8 @@ class LocalPipeline:
         self.rows: list[UnitRows] = []  # the unit rows of the memory log, in the order they were logged
         self.log: list[LogEntry] = []  # the memory log, in the order it was written
         self.stages = [LocalStage(spec.name, spec.core(config, self.factory, bounded=bounded),
-                                  migration=spec.migration) for spec in STAGES]
+                                  migration=spec.migration, drill=StageDrill(config.job.inject_failure, spec.name))
+                       for spec in STAGES]
         self._runners = [_StageRunner(self, index) for index in range(len(self.stages))]
         self.deadlines: dict[tuple[int, str], int] = {}  # work: backoffs, timeouts, refreshes
         self.sweeps: dict[tuple[int, str], int] = {}  # housekeeping: sealing old state

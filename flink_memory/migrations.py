@@ -24,7 +24,7 @@ from flink_memory.records import Conversation, MemoryUnit, SummaryNode, record_f
 from flink_memory.stages import batcher_state as batcher
 from flink_memory.stages import merger_state as merger
 from flink_memory.stages import planner_state as planner
-from flink_memory.state import StateSchema, StateTransaction, seq_key
+from flink_memory.state import StateSchema, StateTransaction, Value, seq_key
 from flink_memory.state_layout import STATE_VERSION, Codec, StateVersionError
 from flink_memory.summarize.batching import BatchBuffer, unit_entry
 from flink_memory.summarize.reduce import ReduceJob
@@ -95,7 +95,7 @@ def decode_state(raw: str | None, default: Any) -> Any:
 
 # --- the planner --------------------------------------------------------------------------------------------
 
-LEGACY_QUEUE = "queue"
+LEGACY_QUEUE: Value[str] = Value("queue")
 
 
 def source_entry(raw: str) -> planner.SourceEntry:
@@ -114,10 +114,10 @@ def plan_entry(raw: str) -> planner.PlanEntry:
 def migrate_planner(core: Any, state: StateTransaction) -> None:
     """The queue was one list of the same fields: its records go to the end of the queue map (`core`: the
     planner's, which seals a plan in progress)."""
-    raw = state.get(LEGACY_QUEUE, str)
+    raw = state.get(LEGACY_QUEUE)
     if raw is None:
         return
-    head = state.get(planner.HEAD, planner.QueueHead) or planner.QueueHead()
+    head = state.get(planner.HEAD) or planner.QueueHead()
     entries = decode_state(raw, [])
     for entry in entries:
         job = PlanJob.model_validate(entry["job"]) if entry.get("job") else None
@@ -132,14 +132,15 @@ def migrate_planner(core: Any, state: StateTransaction) -> None:
 
 # --- the batcher --------------------------------------------------------------------------------------------
 
-LEGACY_BUFFER, LEGACY_PENDING = "buffer", "pending"
+LEGACY_BUFFER: Value[str] = Value("buffer")
+LEGACY_PENDING: Value[str] = Value("pending")
 
 
 def migrate_batcher(core: Any, state: StateTransaction) -> None:
     """The buffer and the pending batches were two JSON values: they move into the maps."""
-    old_buffer, old_pending = state.get(LEGACY_BUFFER, str), state.get(LEGACY_PENDING, str)
+    old_buffer, old_pending = state.get(LEGACY_BUFFER), state.get(LEGACY_PENDING)
     if old_buffer is not None:
-        buffer = state.get(batcher.BUFFER, BatchBuffer) or BatchBuffer()
+        buffer = state.get(batcher.BUFFER) or BatchBuffer()
         data = decode_state(old_buffer, None) or {}
         for unit in data.get("units", []):
             state.put(batcher.UNITS, seq_key(buffer.next_seq),
@@ -152,7 +153,7 @@ def migrate_batcher(core: Any, state: StateTransaction) -> None:
         state.set(LEGACY_BUFFER, None)
         state.set(batcher.BUFFER, buffer)
     if old_pending is not None:
-        meta = state.get(batcher.META, batcher.BatcherMeta) or batcher.BatcherMeta()
+        meta = state.get(batcher.META) or batcher.BatcherMeta()
         data = decode_state(old_pending, None) or {}
         meta.next_batch = int(data.get("next_seq", 1))
         seqs = [int(b["seq"]) for b in data.get("batches", [])]
@@ -171,7 +172,8 @@ def migrate_batcher(core: Any, state: StateTransaction) -> None:
 
 # --- the merger ---------------------------------------------------------------------------------------------
 
-LEGACY_TREE, LEGACY_JOBS = "tree", "jobs"
+LEGACY_TREE: Value[str] = Value("tree")
+LEGACY_JOBS: Value[str] = Value("jobs")
 
 
 def _parent_job(data: dict) -> merger.ParentJob:
@@ -182,9 +184,9 @@ def _parent_job(data: dict) -> merger.ParentJob:
 
 def migrate_merger(core: Any, state: StateTransaction) -> None:
     """The tree (with node texts) and the running jobs were two JSON values."""
-    old_tree, old_jobs = state.get(LEGACY_TREE, str), state.get(LEGACY_JOBS, str)
+    old_tree, old_jobs = state.get(LEGACY_TREE), state.get(LEGACY_JOBS)
     if old_tree is not None:
-        tree = state.get(merger.TREE, SummaryTree) or SummaryTree()
+        tree = state.get(merger.TREE) or SummaryTree()
         data = decode_state(old_tree, None) or {}
         for level in data.get("levels", []):
             slots = []
@@ -205,7 +207,7 @@ def migrate_merger(core: Any, state: StateTransaction) -> None:
         state.set(LEGACY_TREE, None)
         state.set(merger.TREE, tree)
     if old_jobs is not None:
-        schedule = state.get(merger.SCHEDULE, merger.MergerSchedule) or merger.MergerSchedule()
+        schedule = state.get(merger.SCHEDULE) or merger.MergerSchedule()
         data = decode_state(old_jobs, None) or {}
         for merge in data.get("merges", []):
             state.put(merger.MERGES, merge["node_id"], _parent_job(merge))

@@ -11,13 +11,23 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import BaseModel
 
 from flink_memory.state_layout import Codec
 
 M = TypeVar("M", bound=BaseModel)
+T = TypeVar("T")
+
+
+class Value(str, Generic[T]):
+    """The name of a value state whose domain objects are T: a string to schemas, backends and checkpoints, and
+    to the type checker what `StateTransaction.get` returns."""
+
+
+class Entries(str, Generic[T]):
+    """The name of a map state whose entries' domain objects are T (what `StateTransaction.entry` returns)."""
 
 
 # --- schema and stores ------------------------------------------------------------------------------------
@@ -80,20 +90,20 @@ class StateTransaction:
         self._dirty_entries: set[tuple[str, str]] = set()
 
     # values
-    def get(self, name: str, model: type[M]) -> M | None:
-        """The value, as the domain type `model` its stored model converts to (`str` for raw text)."""
+    def get(self, name: Value[T]) -> T | None:
+        """The value, as the domain object its stored model converts to (raw text for a state stored as text)."""
         if name not in self._values:
             raw = self.backend.read(name)
             stored = self.schema.values[name]
             self._values[name] = raw if raw is None or stored is None else stored.load(raw)
         return self._values[name]
 
-    def set(self, name: str, value: Any) -> None:
+    def set(self, name: Value[T], value: T | None) -> None:
         self._values[name] = value
         self._dirty_values.add(name)
 
     # maps
-    def entry(self, name: str, key: str) -> Any:
+    def entry(self, name: Entries[T], key: str) -> T | None:
         slot = (name, key)
         if slot not in self._entries:
             raw = self.backend.read_entry(name, key)
@@ -101,7 +111,7 @@ class StateTransaction:
             self._entries[slot] = raw if raw is None or stored is None else stored.load(raw)
         return self._entries[slot]
 
-    def put(self, name: str, key: str, value: Any) -> None:
+    def put(self, name: Entries[T], key: str, value: T | None) -> None:
         """Store (or with None, remove) one map entry."""
         self._entries[(name, key)] = value
         self._dirty_entries.add((name, key))
@@ -114,9 +124,9 @@ class StateTransaction:
                 (found.add if value is not None else found.discard)(key)
         return sorted(found)
 
-    def items(self, name: str) -> Iterator[tuple[str, Any]]:
+    def items(self, name: Entries[T]) -> Iterator[tuple[str, T]]:
         for key in self.keys(name):
-            yield key, self.entry(name, key)
+            yield key, self.entry(name, key)  # type: ignore[misc]  (a listed key has an entry)
 
     def clear_map(self, name: str) -> None:
         for key in self.keys(name):

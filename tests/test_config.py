@@ -125,3 +125,18 @@ def test_a_drill_names_a_stage_of_the_topology_or_a_record():
                          ("call:after:a/b:/tmp/m", "'call' is no stage")]:
         with pytest.raises(ConfigError, match=reason):
             check_drill(load_config(None, [f"job.inject_failure={spec}"], environ={}))
+
+
+def test_the_pydantic_settings_comparison_runs(capsys):
+    """benchmarks/config_sources.py (quoted in docs/architecture.md): loading through pydantic-settings agrees
+    on plain values and parts from ours on null, property names with dots and the error's origin."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    import config_sources
+
+    assert config_sources.main([]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[-1] == f"7/{len(config_sources.CASES)} cases give the same configuration"
+    assert {line.split(":")[0] for line in lines if line.startswith("DIFFERS")} == {"DIFFERS  environment"}

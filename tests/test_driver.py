@@ -123,3 +123,48 @@ def test_the_end_of_input_rounds_drive_a_key_until_it_is_idle_and_tell_the_next_
     assert told.count(True) == 1 and told[-1] == (calls > 2 * (END_ROUNDS - 2))  # said once, when idle
     assert len(waited) <= calls and slept == ([0.5] if calls > 2 * (END_ROUNDS - 2) else [])
     assert driver.activate(backend, "a", END, {}, 0).idle and not driver.tell_next("a", Effects())
+
+
+def test_a_stage_drill_is_applied_around_the_core_by_the_in_memory_runner_too(tmp_path):
+    """`job.inject_failure` is parsed once into a Drill; the runner fails the stage's n-th activation once (its
+    marker then exists), and the pipeline goes on. (No checkpoint here to restart from: the message that
+    activation brought is lost, and its re-delivery to the planner is a duplicate.)"""
+    marker = tmp_path / "fired"
+    pipeline = Pipeline(cfg("batching.max_items=2", f"job.inject_failure=batcher:2:{marker}"))
+    assert pipeline.config.job.inject_failure.model_dump() == f"batcher:2:{marker}"  # (written back as given)
+    pipeline.feed(item("a", 1))
+    with pytest.raises(RuntimeError, match="injected failure in batcher at activation 2"):
+        pipeline.feed(item("a", 2))
+    assert marker.read_text() == "batcher"
+    pipeline.feed(item("a", 2), item("a", 3), item("a", 4)).end()  # the drill does not fire again
+    assert pipeline.batch_units() == {"a": ["m1", "m3", "m4"]}
+
+
+def test_no_core_reads_the_drill():
+    """Drills are the runners' (stages.drills): no stage core, nor anything they import, names the setting."""
+    from pathlib import Path
+
+    import flink_memory.stages as stages
+
+    for path in Path(stages.__path__[0]).glob("*.py"):
+        if path.name != "drills.py":
+            assert "inject_failure" not in path.read_text(), path
+
+
+def test_the_cores_hold_their_parts_and_inherit_none():
+    """A core's parts (revisions, retention) are objects it makes with what they need, not mixins that call
+    back into it: no stage core has a base class, and no part declares a callable of its core."""
+    import typing
+
+    from flink_memory.stages.batch_revisions import BatchNodes, BatchRevisions
+    from flink_memory.stages.merger_revisions import TreeRevisions
+    from flink_memory.stages.planner_retention import SourceRetention
+    from flink_memory.topology import STAGES
+
+    assert all(spec.core.__bases__ == (object,) for spec in STAGES)
+    for part in (BatchNodes, BatchRevisions, TreeRevisions, SourceRetention):
+        assert "Callable" not in str(typing.get_type_hints(part, include_extras=True)), part
+    pipeline = Pipeline(cfg())
+    planner, batcher, merger = (stage.core for stage in pipeline.stages)
+    assert isinstance(planner.retention, SourceRetention) and isinstance(merger.revisions, TreeRevisions)
+    assert isinstance(batcher.revisions, BatchRevisions) and batcher.revisions.nodes is batcher.nodes

@@ -11,7 +11,7 @@ from stagekit import Pipeline, UnitTable, cfg, keeping_answer
 from test_store_log import LogFiles, item
 from test_store_units import new_location
 
-from flink_memory.stages.unit_rows import UnitRows
+from flink_memory.memory_log import UnitRows
 from flink_memory.store import live_view, open_store
 from flink_memory.store.applier import LogApplier, apply_committed
 

@@ -10,7 +10,7 @@ import pytest
 from stagekit import Pipeline, cfg, keeping_answer
 from test_store_units import new_location
 
-from flink_memory.stages.unit_rows import LogEntry, UnitRows
+from flink_memory.memory_log import LogEntry, UnitRows
 from flink_memory.store import StoreError, live_view, open_store
 from flink_memory.store.applier import LOG_DIR, LogApplier, apply_committed
 

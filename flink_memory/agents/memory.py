@@ -16,7 +16,15 @@ from flink_memory.agents.core import (
     memory_record,
 )
 from flink_memory.records import SummaryNode
-from flink_memory.service.memory import MemoryService, NotCreated, NotFound, Rejected, ServiceError, TooLarge
+from flink_memory.service.memory import (
+    MemoryService,
+    NotCreated,
+    NotFound,
+    OneAgent,
+    Rejected,
+    ServiceError,
+    TooLarge,
+)
 from flink_memory.service.models import Accepted, Mode, RecallRequest
 from flink_memory.service.writer import open_writer
 from flink_memory.store import Recalled
@@ -27,16 +35,6 @@ if TYPE_CHECKING:
 
 class MemoryUnavailable(RuntimeError):
     """The store or the job's input cannot be reached now (the message says why)."""
-
-
-class _OneAgent:
-    """Every call names its agent; the grant is that agent alone."""
-
-    def __init__(self, agent_id: str) -> None:
-        self.agent_id = agent_id
-
-    def allows(self, agent_id: str) -> bool:
-        return agent_id == self.agent_id
 
 
 def load_embedder(config: str | None = None, overrides: list[str] | None = None) -> Embedder | None:
@@ -62,7 +60,7 @@ class AgentMemory:
 
     def recall(self, agent_id: str, question: str, k: int = 5) -> list[Recalled]:
         """The agent's live units and nodes that best match the question; [] while it has no memory."""
-        grant = _OneAgent(check_agent_id(agent_id, "recall"))
+        grant = OneAgent(check_agent_id(agent_id, "recall"))
         request = RecallRequest(question=check_question(question), k=check_limit(k), mode=self.mode)
         try:
             return self.service.recall(grant, agent_id, request).hits
@@ -87,7 +85,7 @@ class AgentMemory:
         """Drop everything of the agent (a `forget` record: its units and summaries leave the store)."""
         check_agent_id(agent_id, "forget")
         try:
-            return self.service.forget(_OneAgent(agent_id), agent_id)
+            return self.service.forget(OneAgent(agent_id), agent_id)
         except ServiceError as exc:
             raise MemoryUnavailable(str(exc)) from None
 
@@ -95,7 +93,7 @@ class AgentMemory:
         """The agent's current global summary node (the root of its tree); None before its first one."""
         check_agent_id(agent_id, "summary")
         try:
-            return self.service.memory(_OneAgent(agent_id), agent_id).memory
+            return self.service.memory(OneAgent(agent_id), agent_id).memory
         except (NotFound, NotCreated):
             return None
         except ServiceError as exc:
@@ -104,7 +102,7 @@ class AgentMemory:
     def _write(self, call: Any, agent_id: str, argument: Any) -> Accepted:
         check_agent_id(agent_id, "remember")
         try:
-            return call(_OneAgent(agent_id), agent_id, argument)
+            return call(OneAgent(agent_id), agent_id, argument)
         except (Rejected, TooLarge) as exc:
             raise RecordRefused(str(exc)) from None
         except ServiceError as exc:  # read-only (no input), or the input cannot take it now

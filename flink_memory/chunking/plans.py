@@ -51,6 +51,7 @@ PLAN_SCHEMA: dict[str, Any] = {
     "additionalProperties": False,
 }
 PREVIEW_TOKENS = 160
+LINE_FRAME_TOKENS = 24  # what a planning line takes besides its preview (index, roles, the elision mark)
 PLAN_OUTPUT_TOKENS = 256
 # an answer of N end indices takes up to ~4 tokens each, so a window lists at most this many exchanges
 MAX_WINDOW_EXCHANGES = (PLAN_OUTPUT_TOKENS - 16) // 4
@@ -232,7 +233,11 @@ class ChunkPlanner:
 
     def preview_tokens(self, scale: float | None) -> int:
         """Preview length of one exchange: at most PREVIEW_TOKENS, and small enough that 4 lines fit."""
-        return max(8, min(PREVIEW_TOKENS, int(self.line_room(scale) / max(scale or 1.0, 1.0)) // 4 - 24))
+        return max(8, min(PREVIEW_TOKENS, int(self.line_room(scale) / max(scale or 1.0, 1.0)) // 4 - LINE_FRAME_TOKENS))
+
+    def lines_per_request(self, scale: float | None) -> int:
+        """Exchanges one planning request holds at the least (each line at its full preview)."""
+        return self.line_room(scale) // (self.preview_tokens(scale) + LINE_FRAME_TOKENS)
 
     def _window(self, prepared: Prepared, job: PlanJob) -> tuple[int, list[str]]:
         """Exchanges from the cursor that fit one planning request; returns the window's last index."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from flink_memory.topology import PARSE_LABEL
+from flink_memory.topology import PARSE_OPERATOR
 
 KINDS = ("plan", "batch", "part", "merge", "global")
 
@@ -58,7 +58,7 @@ def records_read_metric(ids: list[str]) -> str | None:
     the fused operator's input count is still the records read."""
     for metric in ids:
         operator, _, name = metric.rpartition(".")
-        if name == "numRecordsIn" and (operator == PARSE_LABEL or operator.endswith(f"__{PARSE_LABEL}")):
+        if name == "numRecordsIn" and (operator == PARSE_OPERATOR or operator.endswith(f"__{PARSE_OPERATOR}")):
             return metric
     return None
 

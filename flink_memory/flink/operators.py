@@ -11,7 +11,6 @@ final watermark, so every key runs round 0 before any key runs round 1 (and so o
 from __future__ import annotations
 
 import logging
-import os
 import time
 from collections import Counter
 from typing import Any
@@ -25,9 +24,10 @@ from flink_memory.config import Config
 from flink_memory.flink.metrics import REPORT_EVERY_S, CallMeter, Tally
 from flink_memory.flink.state_backend import FlinkState
 from flink_memory.llm.runtime import acquire_runtime, release_runtime
-from flink_memory.records import DeadLetter, InputRecord, SummaryNode, parse_line
+from flink_memory.records import DeadLetter, InputRecord, parse_line
 from flink_memory.requests import ChatRequest
 from flink_memory.stages.calls import Effects
+from flink_memory.stages.drills import StageDrill
 from flink_memory.stages.driver import END_ROUNDS, Driver, Waits
 from flink_memory.stages.messages import END, EndOfInput, StageMessage, from_wire, kind_of, to_wire
 from flink_memory.stages.runner import DEAD_LETTERS, carry_out
@@ -79,23 +79,6 @@ def _count_fault(fault: str) -> int:
     return _FAULTS[fault]
 
 
-def _fault_hook(spec: str | None, stage: str, count: int, due: bool = False) -> None:
-    """job.inject_failure = "stage:n:marker": raise once at activation n of stage (see config.py); `due`: a
-    "stage:after:..." drill's node was taken by the activation before."""
-    if not spec or spec.startswith("record:"):
-        return
-    name, at, marker = spec.split(":", 2)
-    if at == "after":
-        if not due:
-            return
-        marker = marker.split(":", 1)[1]
-    if name != stage or (at != "after" and count != int(at)) or os.path.exists(marker):
-        return
-    with open(marker, "w") as handle:
-        handle.write(stage)
-    raise RuntimeError(f"injected failure in {stage} at activation {count}")
-
-
 class ParseRecords(ProcessFunction):
     """Raw lines to keyed records; anything invalid goes to dead-letters with its reason."""
 
@@ -124,14 +107,14 @@ class ParseRecords(ProcessFunction):
 class StageFunction(KeyedProcessFunction):
     """One stage of flink_memory.topology as a keyed function; input and output are (agent, tag, JSON).
 
-    The stage's core is made in each subtask from `spec.core`; `spec.name` names the stage in logs, metrics
-    and `job.inject_failure`. It carries out effects as every runner does (flink_memory.stages.runner): this
-    class is the runner of its activations."""
+    The stage's core is made in each subtask from `spec.core`, with the stage's drill around it
+    (stages.drills); `spec.name` names the stage in logs, metrics and `job.inject_failure`. It carries out
+    effects as every runner does (flink_memory.stages.runner): this class is the runner of its activations."""
 
     def __init__(self, spec: StageSpec, config_json: str, output_dir: str | None = None,
                  bounded: bool = False, *, keyed_output: bool = True) -> None:
         self.spec = spec
-        self.label = spec.name
+        self.stage = spec.name
         self.config_json = config_json
         self.output_dir = output_dir
         self.bounded = bounded
@@ -143,8 +126,9 @@ class StageFunction(KeyedProcessFunction):
         self.runtime = acquire_runtime(self.config, self.output_dir)
         self.pool = self.runtime.pool
         journal = self.runtime.client.journal
-        core = self.spec.core(self.config, self.runtime.factory, bounded=self.bounded)
-        self.driver = Driver(core, self.label, journal.count_fault if journal is not None else _count_fault,
+        self.drill = StageDrill(self.config.job.inject_failure, self.stage)
+        core = self.drill.around(self.spec.core(self.config, self.runtime.factory, bounded=self.bounded))
+        self.driver = Driver(core, self.stage, journal.count_fault if journal is not None else _count_fault,
                              self.spec.migration)
         schema = self.driver.schema
         values = {name: runtime_context.get_state(ValueStateDescriptor(name, Types.STRING()))
@@ -159,9 +143,6 @@ class StageFunction(KeyedProcessFunction):
         self.pending: dict[str, tuple[list[str], int | None]] = {}
         self.armed: set[str] = set()  # agents whose end-of-input timers this subtask has registered
         self.timers: dict[str, set[int]] = {}  # per agent, times of timers registered and not yet due
-        self.activations = 0
-        self.drill_due = False  # job.inject_failure "stage:after:agent/node": the node was just taken
-        self.fresh_results = 0
         group = runtime_context.get_metrics_group().add_group("flink_memory")
         self.tally = Tally(group)
         self.meter = CallMeter(self.tally, group.distribution("llm_latency_ms"))
@@ -176,7 +157,7 @@ class StageFunction(KeyedProcessFunction):
         if getattr(self, "tally", None) is not None:
             self.tally.flush()
         if getattr(self, "runtime", None) is not None:
-            release_runtime(self.config, self.output_dir, self.label)
+            release_runtime(self.config, self.output_dir, self.stage)
             self.runtime = None
 
     # --- activations ---------------------------------------------------------------------------------
@@ -222,10 +203,8 @@ class StageFunction(KeyedProcessFunction):
     def _run(self, ctx: Any, key: str, message: StageMessage | None, outputs: list[Any]) -> Effects:
         """Run the core once for the current key (a message, or None: a wake-up) and carry out its effects;
         returns them."""
-        self.activations += 1
         now = _now_ms()
-        _fault_hook(self.config.job.inject_failure, self.label, self.activations, self.drill_due)  # (restarts)
-        self.drill_due = self._took_drill_node(key, message)
+        self.drill.before(key, message)  # (a drill: the job restarts)
         self.state.key = key
         effects = self.driver.activate(self.state, key, message, self.pool.finished(), now)
         self._account(effects)  # (before the pool forgets the results: an injected failure keeps them)
@@ -256,13 +235,6 @@ class StageFunction(KeyedProcessFunction):
 
     def emit(self, key: str, channel: str, payload: str) -> None:
         self.outputs.append((output_tag(channel), payload))
-
-    def _took_drill_node(self, key: str, message: StageMessage | None) -> bool:
-        spec = self.config.job.inject_failure
-        if not spec or not spec.startswith(f"{self.label}:after:") or not isinstance(message, SummaryNode):
-            return False
-        agent, node_id = spec.split(":", 3)[2].split("/", 1)
-        return key == agent and message.node_id == node_id
 
     # --- waiting at the end of input -----------------------------------------------------------------
 
@@ -336,17 +308,14 @@ class StageFunction(KeyedProcessFunction):
 
     def _account(self, effects: Effects) -> None:
         self.meter.consumed(effects.results, effects.consumed)
-        for result in effects.results:
-            if not result.from_journal:
-                self.fresh_results += 1
-                _fault_hook(self.config.job.inject_failure, "call", self.fresh_results)
+        self.drill.results(effects)
         if effects.rejections:
             self._count("llm_context_rejections", effects.rejections)
-            log.warning("%s: %d request(s) refused for their length, re-packed smaller", self.label,
+            log.warning("%s: %d request(s) refused for their length, re-packed smaller", self.stage,
                         effects.rejections)
         for error in effects.failures:
             self._count("llm_failures")
-            log.warning("%s: provider failed, retrying later: %s", self.label, error)
+            log.warning("%s: provider failed, retrying later: %s", self.stage, error)
         for name, n in effects.counts.items():
             self._count(name, n)
         if (waited := effects.counts.get("first_report_wait_ms")) and self.runtime is not None:

@@ -32,7 +32,7 @@ from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
 from flink_memory.flink.streams import MemoryStreams
 from flink_memory.kafka import is_kafka, parse_kafka_url
 from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG
-from flink_memory.topology import PARSE_LABEL, STAGES, check_drill
+from flink_memory.topology import PARSE_OPERATOR, STAGES, check_drill
 
 log = logging.getLogger(__name__)
 
@@ -183,7 +183,7 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
     config_json = config.model_dump_json()
     if parse is None:
         stream = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
-    upstream = stream.process(parse or ParseRecords(), output_type=KEYED).name(PARSE_LABEL).uid(UIDS["parse"])
+    upstream = stream.process(parse or ParseRecords(), output_type=KEYED).name(PARSE_OPERATOR).uid(UIDS["parse"])
     dead = [upstream.get_side_output(DEAD_LETTER_TAG)]
     channels: dict[str, list[DataStream]] = {}
     for index, spec in enumerate(STAGES):  # (the last stage's records leave the job: JSON alone, not keyed)
@@ -195,7 +195,7 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
         function = StageFunction(spec, config_json, output_dir, bounded, keyed_output=keyed)
         upstream = (upstream.key_by(lambda r: r[0], key_type=Types.STRING())
                     .process(function, output_type=KEYED if keyed else Types.STRING())
-                    .name(spec.label).uid(spec.uid_for(config.job.execution_mode)))
+                    .name(spec.operator).uid(spec.uid_for(config.job.execution_mode)))
         dead.append(upstream.get_side_output(DEAD_LETTER_TAG))
         for channel in spec.channels:
             channels.setdefault(channel, []).append(upstream.get_side_output(output_tag(channel)))

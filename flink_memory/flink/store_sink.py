@@ -23,7 +23,7 @@ from pyflink.datastream import DataStream, ProcessFunction, RuntimeContext
 from flink_memory.config import EmbeddingsConfig
 from flink_memory.embeddings import embedder_for
 from flink_memory.flink.metrics import Tally
-from flink_memory.stages.unit_rows import LogEntry
+from flink_memory.memory_log import LogEntry
 from flink_memory.store import MemoryStore, open_store
 from flink_memory.store.backfill import VectorBackfill
 from flink_memory.store.lag import CommitWatch, overdue_message

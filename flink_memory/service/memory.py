@@ -108,6 +108,19 @@ class Everyone:
         return True
 
 
+class OneAgent:
+    """A grant of one agent alone: `serve --stdio --agent A`, and each call of the Flink Agents bridge."""
+
+    def __init__(self, agent_id: str) -> None:
+        self.agent_id = agent_id
+
+    def allows(self, agent_id: str) -> bool:
+        return agent_id == self.agent_id
+
+    def default_agent(self) -> str:
+        return self.agent_id
+
+
 class MemoryService:
     """A pool of store connections (flink_memory.service.pool: opened when first needed, the job may not
     have created the store yet) and one writer (None: read-only). Safe to call from many threads: at most

@@ -24,8 +24,8 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from flink_memory.service.http import create_app
 from flink_memory.service.keys import KeyRing
-from flink_memory.service.memory import MemoryService
-from flink_memory.service.tools import OneAgent, build_mcp
+from flink_memory.service.memory import MemoryService, OneAgent
+from flink_memory.service.tools import build_mcp
 from flink_memory.service.writer import open_writer
 from flink_memory.store.diversity import DIVERSITY
 

@@ -25,19 +25,6 @@ INSTRUCTIONS = ("Long-term memory of an agent. recall(question) finds what you r
                 "seconds); forget_memory(id) retracts one memory, forget_memory() everything.")
 
 
-class OneAgent:
-    """The grant of `serve --stdio --agent A`: that agent only."""
-
-    def __init__(self, agent_id: str) -> None:
-        self.agent_id = agent_id
-
-    def allows(self, agent_id: str) -> bool:
-        return agent_id == self.agent_id
-
-    def default_agent(self) -> str:
-        return self.agent_id
-
-
 def build_mcp(service: MemoryService, stdio_grant: Grant | None = None) -> MCPServer:
     """The MCP server; `stdio_grant` is the grant of a stdio session (HTTP requests carry their own)."""
     logging.getLogger("mcp").setLevel(logging.WARNING)  # its INFO lines repeat tool errors and arguments

@@ -7,12 +7,12 @@ after its first unit; on a bounded one it closes when the input ends, never beca
 
 Changes: a retracted unit leaves the buffer; or the pending batch it is in, whose summary job is rebuilt and
 which then leaves as the revision it would have become had it left first (`batch-000007-r1`); or, when its
-batch was already emitted, that batch is summarized again from its remaining units and the new node replaces
-the old one (stages.batch_revisions, which also seals emitted batches after `memory.editable_for`).
+batch was already sent, that batch is summarized again from its remaining units and the new node replaces
+the old one (stages.batch_revisions, which also seals sent batches after `memory.editable_for`).
 
-Each unit is a store row from the moment it is accepted until it is retracted or dropped (stages.unit_rows):
+Each unit is a store row from the moment it is accepted until it is retracted or dropped (flink_memory.memory_log):
 its rows and the batch nodes go, numbered in the order they were decided, into the agent's batcher log
-(stages.unit_rows.LogEntry), which the store follows.
+(flink_memory.memory_log.LogEntry), which the store follows.
 """
 
 from __future__ import annotations
@@ -21,9 +21,20 @@ from typing import Any
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
-from flink_memory.records import DeadLetter, MemoryUnit, SummaryNode
+from flink_memory.memory_log import (
+    Base,
+    Lineage,
+    Snapshot,
+    UnitRows,
+    accepted,
+    dropped,
+    forgotten,
+    fork_line,
+    log_line,
+)
+from flink_memory.records import MemoryUnit
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.batch_revisions import BatchRevisions, next_revision
+from flink_memory.stages.batch_revisions import BatchNodes, BatchRevisions, lineage_of, next_revision
 from flink_memory.stages.batcher_state import (
     BATCHES,
     BUFFER,
@@ -40,20 +51,9 @@ from flink_memory.stages.batcher_state import (
     StoredUnit,
     UnitHome,
 )
-from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, Retract, StageMessage
-from flink_memory.stages.protocol import Culprit
-from flink_memory.stages.unit_rows import (
-    Base,
-    Lineage,
-    Snapshot,
-    UnitRows,
-    accepted,
-    dropped,
-    forgotten,
-    fork_line,
-    log_line,
-)
+from flink_memory.stages.protocol import Culprit, internal_dead_letter
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.batching import BatchBuffer, ClosedBatch, unit_entry
@@ -61,17 +61,17 @@ from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.rooms import Rooms
 
 
-class BatcherCore(BatchRevisions):
+class BatcherCore:
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
         self.factory = factory
         self.limits = Rooms.from_config(config, factory.budget).batch
-        self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
+        self.timing = Timing.from_config(config)
+        self.nodes = BatchNodes(config)
+        self.revisions = BatchRevisions(factory, self.timing, self.nodes)
         self.flush_ms = None if bounded else int(config.batching.flush_after_s * 1000)
-        self.editable_ms = int(config.memory.editable_for * 1000)
-        self.log_nodes = config.summarization.retention != "global_only"  # (the merger writes the same nodes)
         self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
         calibration = factory.budget.counter.calibration
         self.initial = calibration.initial  # the estimate's upper bound: what a batch packs at before a report
@@ -100,14 +100,14 @@ class BatcherCore(BatchRevisions):
         state.put(UNITS, _key(seq), StoredUnit(unit=unit, arrived_ms=now_ms))
         state.put(HOMES, unit.unit_id, UnitHome(seq=seq, arrived_ms=now_ms))
         effects.counts["units_in"] += 1
-        _send(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
+        _log_rows(meta, effects, [accepted(unit)])  # searchable now, before its batch is summarized
         scale = self._scale(state)
         summarized = self._release(state, buffer, meta, scale, finished, now_ms, effects)
         for batch in self._pack(state, buffer, meta, scale, unit_entry(unit), now_ms):
             # (only a batch summarized now can let batches leave: the others wait for a wake)
             self._drive(state, batch, finished, now_ms, effects, scale)
             summarized = summarized or batch.text is not None
-        return self._finish(state, buffer, meta, effects, now_ms, emit=summarized)
+        return self._finish(state, buffer, meta, effects, now_ms, send=summarized)
 
     def on_wake(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
         buffer, meta = self._load(state)
@@ -123,8 +123,8 @@ class BatcherCore(BatchRevisions):
             if (flushed := self._close(state, meta, scale, buffer.take())) is not None:
                 self._drive(state, flushed, finished, now_ms, effects, scale)
         for seq in list(meta.resummarizing):
-            self._resummarize(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
-        self._sweep(state, meta, now_ms)
+            self.revisions.resummarize(state, meta, state.entry(DONE, _key(seq)), finished, now_ms, effects)
+        self.revisions.sweep(state, meta, now_ms)
         return self._finish(state, buffer, meta, effects, now_ms)
 
     def on_end(self, state: StateTransaction, finished: Finished, now_ms: int) -> Effects:
@@ -151,7 +151,7 @@ class BatcherCore(BatchRevisions):
                 state.put(HOMES, unit.unit_id, None)
             revision, replaces = next_revision(done)
             _drop(meta, effects, done.units, reason)
-            self._out(meta, effects, self._node(state.key, seq, revision, [], "", None, replaces))
+            self.nodes.send(meta, effects, self.nodes.make(state.key, seq, revision, [], "", None, replaces))
             state.put(DONE, _key(seq), None)
         for key, stored in state.items(UNITS):
             gone.append(stored.unit)
@@ -168,7 +168,7 @@ class BatcherCore(BatchRevisions):
         if (scale := self._scale(state)).awaiting is not None:  # (the batch it awaited left unsummarized)
             state.set(SCALE, scale.model_copy(update={"awaiting": None}))
         _drop(meta, effects, gone, reason)
-        self._emit(state, meta, effects)
+        self._send_ready(state, meta, effects)
         if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
             effects.dead_letters.append(brought)
         return self._finish(state, buffer, meta, effects, 0)
@@ -196,7 +196,7 @@ class BatcherCore(BatchRevisions):
         return summarized
 
     def _scale(self, state: StateTransaction) -> BatchScale:
-        return state.get(SCALE, BatchScale) or BatchScale()
+        return state.get(SCALE) or BatchScale()
 
     def _opening(self, scale: BatchScale) -> float | None:
         """The scale a batch opened now packs at: the agent's learned one; the upper bound for its first
@@ -242,7 +242,7 @@ class BatcherCore(BatchRevisions):
         state.set(SCALE, scale)
 
     def _load(self, state: StateTransaction) -> tuple[BatchBuffer, BatcherMeta]:
-        return state.get(BUFFER, BatchBuffer) or BatchBuffer(), state.get(META, BatcherMeta) or BatcherMeta()
+        return state.get(BUFFER) or BatchBuffer(), state.get(META) or BatcherMeta()
 
     def _rebase(self, state: StateTransaction, meta: BatcherMeta, effects: Effects) -> Effects:
         """The first activation of an agent in this job's branch (a fresh start, or any restore) opens the branch
@@ -257,7 +257,7 @@ class BatcherCore(BatchRevisions):
         held += [(unit, done.live) for _, done in state.items(DONE) for unit in done.units]
         meta.history, meta.branch = meta.history or self.lineage.history, self.lineage.branch
         meta.log_seq += 1
-        effects.emit(MEMORY_LOG, fork_line("batcher", state.key, meta.log_seq, _lineage(meta), base,
+        effects.emit(MEMORY_LOG, fork_line("batcher", state.key, meta.log_seq, lineage_of(meta), base,
                                            Snapshot(units=held)))
         return effects
 
@@ -302,14 +302,14 @@ class BatcherCore(BatchRevisions):
 
     def _drive(self, state: StateTransaction, batch: PendingBatch, finished: Finished, now_ms: int,
                effects: Effects, scale: BatchScale) -> None:
-        progress = drive(batch.job, self.factory, finished, now_ms, self.retry)
+        progress = drive(batch.job, self.factory, finished, now_ms, self.timing.retry)
         effects.track(progress, batch.job)
         if progress.state == "done":
             batch.text = progress.value
         state.put(BATCHES, _key(batch.seq), batch)
         self._learn(state, scale, batch)
 
-    def _emit(self, state: StateTransaction, meta: BatcherMeta, effects: Effects, now_ms: int = 0) -> None:
+    def _send_ready(self, state: StateTransaction, meta: BatcherMeta, effects: Effects, now_ms: int = 0) -> None:
         """Finished batches leave in batch order, so the tree downstream sees a stable chronology."""
         while meta.next_emit < meta.next_batch:
             batch = state.entry(BATCHES, _key(meta.next_emit))
@@ -320,9 +320,9 @@ class BatcherCore(BatchRevisions):
                 break
             # (a replay may have left any earlier revision in a store written ahead of the changelog)
             replaces = [str(NodeId.batch(batch.seq, r)) for r in range(batch.revision)]
-            node = self._node(state.key, batch.seq, batch.revision, batch.units, batch.text,
-                              batch.job if batch.units else None, replaces)
-            self._out(meta, effects, node)
+            node = self.nodes.make(state.key, batch.seq, batch.revision, batch.units, batch.text,
+                                   batch.job if batch.units else None, replaces)
+            self.nodes.send(meta, effects, node)
             effects.counts["batches"] += 1 if batch.units else 0
             state.put(BATCHES, _key(batch.seq), None)
             if batch.units:
@@ -332,34 +332,14 @@ class BatcherCore(BatchRevisions):
                 state.put(DONE, _key(batch.seq), DoneBatch(seq=batch.seq, units=batch.units, live=node.node_id,
                                                            revision=batch.revision, newest_ms=newest or now_ms))
             if meta.next_sweep_ms is None:
-                meta.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
+                meta.next_sweep_ms = self.timing.next_sweep_ms(now_ms)
             meta.next_emit += 1
-
-    def _out(self, meta: BatcherMeta, effects: Effects, node: SummaryNode) -> None:
-        """A batch node to the merger and, as retention keeps it, into the agent's batcher log."""
-        effects.out.append(node)
-        if self.log_nodes:
-            meta.log_seq += 1
-            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", node.model_dump_json(),
-                                              _lineage(meta)))
-
-    def _node(self, agent_id: str, seq: int, revision: int, units: list[MemoryUnit], text: str, job: ReduceJob | None,
-              replaces: list[str] | None = None) -> SummaryNode:
-        stamps = sorted(u.ts for u in units if u.ts)
-        return SummaryNode(
-            agent_id=agent_id, node_id=str(NodeId.batch(seq, revision)), kind="batch", level=1,
-            children=[u.unit_id for u in units], text=text, item_count=len(units),
-            first_ts=stamps[0] if stamps else None, last_ts=stamps[-1] if stamps else None,
-            model=",".join(job.models) if job and job.models else self.config.llm.model,
-            prompt_tokens=job.prompt_tokens if job else 0, completion_tokens=job.completion_tokens if job else 0,
-            truncated=job.truncated if job else False, replaces=replaces or [],
-        )
 
     # --- changes -------------------------------------------------------------------------------------
 
     def _retract(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, unit_ids: list[str],
                  finished: Finished, now_ms: int, effects: Effects) -> None:
-        """Take units out wherever they are; batches already emitted are summarized again without them."""
+        """Take units out wherever they are; batches already sent are summarized again without them."""
         scale = self._scale(state)
         touched_pending: set[int] = set()
         touched_done: set[int] = set()
@@ -375,19 +355,19 @@ class BatcherCore(BatchRevisions):
             if home.batch is None:
                 state.put(UNITS, _key(home.seq), None)
                 continue
-            for name, touched in ((BATCHES, touched_pending), (DONE, touched_done)):  # pending, else emitted
+            for name, touched in ((BATCHES, touched_pending), (DONE, touched_done)):  # pending, else sent
                 batch = state.entry(name, _key(home.batch))
                 if batch is not None:
                     batch.units = [u for u in batch.units if u.unit_id != unit_id]
                     state.put(name, _key(home.batch), batch)
                     touched.add(home.batch)
                     break
-        _send(meta, effects, dropped(state.key, gone))
+        _log_rows(meta, effects, dropped(state.key, gone))
         for seq in sorted(touched_pending):  # (the call in flight for the old content is ignored)
             pending = state.entry(BATCHES, _key(seq))
             rebuilt = self._pending(seq, pending.units, pending.job.scale)
             rebuilt.revision = pending.revision + 1
-            if not pending.units:  # it leaves as an empty node, as an emitted batch with no unit left does
+            if not pending.units:  # it leaves as an empty node, as a sent batch with no unit left does
                 rebuilt.text = ""
                 state.put(BATCHES, _key(seq), rebuilt)
                 if scale.awaiting == seq:  # (the awaited batch is gone: the next one closed tells)
@@ -406,8 +386,8 @@ class BatcherCore(BatchRevisions):
             if seq not in meta.resummarizing:
                 meta.resummarizing.append(seq)
                 effects.out.append(HoldNodes(node_ids=[done.live]))
-            self._resummarize(state, meta, done, finished, now_ms, effects)
-        self._emit(state, meta, effects, now_ms)
+            self.revisions.resummarize(state, meta, done, finished, now_ms, effects)
+        self._send_ready(state, meta, effects, now_ms)
 
     def _forget(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects) -> None:
         """Everything of the agent goes; batch numbers go on, so no node id is ever used twice."""
@@ -416,15 +396,15 @@ class BatcherCore(BatchRevisions):
         state.set(SCALE, None)
         buffer.take()
         meta.next_emit, meta.resummarizing, meta.ended, meta.next_sweep_ms = meta.next_batch, [], False, None
-        _send(meta, effects, [forgotten(state.key)])
+        _log_rows(meta, effects, [forgotten(state.key)])
         effects.out.append(ForgetAgent())
 
     # --- the end of an activation ------------------------------------------------------------------
 
     def _finish(self, state: StateTransaction, buffer: BatchBuffer, meta: BatcherMeta, effects: Effects,
-                now_ms: int, *, emit: bool = True) -> Effects:
-        if emit:
-            self._emit(state, meta, effects, now_ms)
+                now_ms: int, *, send: bool = True) -> Effects:
+        if send:
+            self._send_ready(state, meta, effects, now_ms)
         due = self._flush_due(buffer, meta)
         if buffer.count and due is not None and not buffer.held:  # (held: the awaited call's end wakes it)
             effects.wake(max(due, now_ms))
@@ -434,24 +414,19 @@ class BatcherCore(BatchRevisions):
         return effects
 
 
-def _send(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None:
+def _log_rows(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> None:
     """Unit rows, numbered, into the agent's batcher log (and from there, at once, the store), in the order of
     the batch nodes this batcher logs."""
     for message in messages:
         meta.log_seq += 1
         numbered = {"seq": meta.log_seq, "history": meta.history, "branch": meta.branch}
         line = message.model_copy(update=numbered).model_dump_json()
-        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line, _lineage(meta)))
-
-
-def _lineage(meta: BatcherMeta) -> Lineage:
-    return Lineage(history=meta.history, branch=meta.branch)
+        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line, lineage_of(meta)))
 
 
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:
     """Units evicted: dead letters, and out of the store."""
     for unit in units:
-        effects.dead_letters.append(DeadLetter(raw=unit.model_dump_json(), reason=reason, stage="internal",
-                                               agent_id=unit.agent_id, record_id=unit.source_id))
+        effects.dead_letters.append(internal_dead_letter(unit.model_dump_json(), reason, unit.agent_id, unit.source_id))
     if units:
-        _send(meta, effects, dropped(units[0].agent_id, [unit.unit_id for unit in units]))
+        _log_rows(meta, effects, dropped(units[0].agent_id, [unit.unit_id for unit in units]))

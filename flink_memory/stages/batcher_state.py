@@ -2,7 +2,7 @@
 
 Per agent: the open batch's buffer (small: counts and dates) with its units in a map by sequence number, where
 each unit is (a map by unit id), the scale its batches are packed at (`BatchScale`), the batches being
-summarized, the emitted batches whose units are still editable, and the counters (`BatcherMeta`). The `*V2`
+summarized, the sent batches whose units are still editable, and the counters (`BatcherMeta`). The `*V2`
 models are the checkpoint layout (version 2: their names and JSON fields are in every checkpoint); the domain
 types beside them may change freely, each conversion being field by field
 (`flink_memory.state_layout.StateModel`). Units are `records.MemoryUnit`, an output contract of its own,
@@ -17,24 +17,28 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import MemoryUnit
 from flink_memory.stages.reduce_state import ReduceJobV2
-from flink_memory.state import StateSchema
+from flink_memory.state import Entries, StateSchema, Value
 from flink_memory.state_layout import StateModel
 from flink_memory.summarize.batching import BatchBuffer
 from flink_memory.summarize.reduce import ReduceJob
 
-BUFFER, UNITS, META, BATCHES = "batcher_buffer", "batcher_units", "batcher_meta", "batcher_batches"
-HOMES, DONE = "batcher_homes", "batcher_done"
-SCALE = "batcher_scale"
+BUFFER: Value[BatchBuffer] = Value("batcher_buffer")
+META: Value[BatcherMeta] = Value("batcher_meta")
+SCALE: Value[BatchScale] = Value("batcher_scale")
+UNITS: Entries[StoredUnit] = Entries("batcher_units")
+BATCHES: Entries[PendingBatch] = Entries("batcher_batches")
+HOMES: Entries[UnitHome] = Entries("batcher_homes")
+DONE: Entries[DoneBatch] = Entries("batcher_done")
 
 
 class BatcherMeta(BaseModel):
     next_batch: int = 1  # number of the next batch (its node id: NodeId.batch)
     next_emit: int = 1  # batches leave in order: the next one to emit
     ended: bool = False  # the input ended: close what is open, do not wait for timeouts
-    resummarizing: list[int] = Field(default_factory=list)  # emitted batches being summarized again
+    resummarizing: list[int] = Field(default_factory=list)  # sent batches being summarized again
     next_sweep_ms: int | None = None
     log_seq: int = 0  # entries of the agent's batcher log (unit rows and batch nodes) written so far
-    history: str = ""  # the history and branch the log was last written in (stages.unit_rows.Lineage)
+    history: str = ""  # the history and branch the log was last written in (flink_memory.memory_log.Lineage)
     branch: str = ""
 
 
@@ -65,7 +69,7 @@ class PendingBatch(BaseModel):
 
 
 class DoneBatch(BaseModel):
-    """An emitted batch while its units are editable: what a revision summarizes again."""
+    """A sent batch while its units are editable: what a revision summarizes again."""
 
     seq: int
     units: list[MemoryUnit]
@@ -106,7 +110,7 @@ class BatchBufferV2(StateModel):
 class BatcherMetaV2(StateModel):
     model_config = ConfigDict(validate_by_name=True, serialize_by_alias=True)
     stores: ClassVar = BatcherMeta
-    added: ClassVar = frozenset({"history", "branch"})  # (stages.unit_rows.Lineage)
+    added: ClassVar = frozenset({"history", "branch"})  # (flink_memory.memory_log.Lineage)
 
     next_batch: int = 1
     next_emit: int = 1

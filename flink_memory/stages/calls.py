@@ -11,15 +11,18 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from flink_memory.records import DeadLetter
 from flink_memory.requests import ChatRequest, ChatResult, ContextOverflow, LLMCallError
 from flink_memory.stages.messages import StageMessage
 
+if TYPE_CHECKING:
+    from flink_memory.config import Config
+
 # Results of finished calls by request digest: a ChatResult, or the error the call ended with.
 Finished = Mapping[str, "ChatResult | BaseException"]
-# The side channels a stage may send on besides its records and dead letters (flink_memory.topology.CHANNELS)
+# The side channels a stage may emit on besides its records and dead letters (flink_memory.topology.CHANNELS)
 MANIFESTS = "manifests"
 MEMORY_LOG = "memory-log"
 
@@ -40,9 +43,6 @@ class CallJob(Protocol):
         """A request was refused for its length: re-pack smaller; False once that was tried too often."""
 
 
-def sweep_step_ms(editable_ms: int) -> int:
-    """How often a stage looks for state older than memory.editable_for: a tenth of it, at least a second."""
-    return max(1000, editable_ms // 10)
 
 
 class RecordFault(Exception):
@@ -63,6 +63,27 @@ class RetryPolicy:
 
     def backoff_ms(self, attempts: int) -> int:
         return int(min(self.max_s, self.base_s * 2 ** min(40, max(0, attempts - 1))) * 1000)
+
+
+@dataclass(frozen=True)
+class Timing:
+    """What every stage core takes from the config about time (one home): the backoff after a failed call, how
+    long units stay editable, and when a stage next looks for state older than that (a sweep)."""
+
+    retry: RetryPolicy
+    editable_ms: int
+
+    @classmethod
+    def from_config(cls, config: Config) -> Timing:
+        return cls(RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s),
+                   int(config.memory.editable_for * 1000))
+
+    def next_sweep_ms(self, now_ms: int) -> int:
+        """The next look for old state: a tenth of memory.editable_for from now, at least a second."""
+        return now_ms + max(1000, self.editable_ms // 10)
+
+    def sweep_due(self, next_sweep_ms: int | None, now_ms: int) -> bool:
+        return next_sweep_ms is not None and now_ms >= next_sweep_ms
 
 
 @dataclass
@@ -125,7 +146,7 @@ def drive(job: CallJob, context: Any, finished: Finished, now_ms: int, retry: Re
 class Effects:
     """What one activation of a stage core asks the shell to do."""
 
-    out: list[StageMessage] = field(default_factory=list)  # to the next stage (the last's: out of the job)
+    out: list[StageMessage] = field(default_factory=list)  # sent to the next stage (the last's: out of the job)
     dead_letters: list[DeadLetter] = field(default_factory=list)
     side: dict[str, list[str]] = field(default_factory=dict)  # per side channel (flink_memory.topology.CHANNELS)
     start: list[ChatRequest] = field(default_factory=list)
@@ -139,7 +160,7 @@ class Effects:
     counts: Counter[str] = field(default_factory=Counter)
 
     def emit(self, channel: str, payload: str) -> None:
-        """Send `payload` on a side channel the stage declares (its StageSpec's `channels`)."""
+        """Emit `payload` on a side channel the stage declares (its StageSpec's `channels`)."""
         self.side.setdefault(channel, []).append(payload)
 
     @property

@@ -23,10 +23,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from flink_memory.digests import digest_parts
-from flink_memory.records import DeadLetter
 from flink_memory.stages.calls import Effects, Finished, RecordFault
 from flink_memory.stages.messages import END, EndOfInput, StageMessage, text_of
-from flink_memory.stages.protocol import Culprit, StageCore
+from flink_memory.stages.protocol import Culprit, StageCore, internal_dead_letter
 from flink_memory.state import Migration, StateBackend, StateTransaction
 
 log = logging.getLogger(__name__)
@@ -51,10 +50,10 @@ class Waits:
 class Driver:
     """Runs one stage core for one key at a time (the caller sets the backend's current key)."""
 
-    def __init__(self, core: StageCore, label: str, count_fault: Callable[[str], int] | None = None,
+    def __init__(self, core: StageCore, stage: str, count_fault: Callable[[str], int] | None = None,
                  migration: Migration | None = None) -> None:
         self.core = core
-        self.label = label  # the stage's name in logs, dead-letter reasons and fault digests
+        self.stage = stage  # the stage's name in logs, dead-letter reasons and fault digests
         self.count_fault = count_fault  # how often a fault was seen, this time included
         self.migration = migration
         self.schema = self.migration.schema(core.schema) if self.migration is not None else core.schema
@@ -96,7 +95,7 @@ class Driver:
                     break
                 evicted.extend(effects.dead_letters)  # a queued record is out: the activation runs again
         else:
-            raise RuntimeError(f"{self.label}: {MAX_EVICTIONS} records of agent {key} dead-lettered in one activation")
+            raise RuntimeError(f"{self.stage}: {MAX_EVICTIONS} records of agent {key} dead-lettered in one activation")
         effects.dead_letters[:0] = evicted
         if faults:
             effects.counts["internal_errors"] += faults
@@ -106,11 +105,11 @@ class Driver:
         """A message of the stage before that does not parse (an error of ours): raised the first time (the job
         restarts from its last checkpoint), and when it comes again it alone becomes a dead letter. The core is
         not asked to evict anything: what it holds is not to blame."""
-        if self.count_fault is None or self.count_fault(digest_parts([self.label, key, tag, body])) <= 1:
+        if self.count_fault is None or self.count_fault(digest_parts([self.stage, key, tag, body])) <= 1:
             raise exc
-        reason = f"internal error in the {self.label} stage: a {tag!r} message does not parse: {exc}"
-        log.error("%s: %s; dead-lettered, the job goes on", self.label, reason)
-        effects = Effects(dead_letters=[DeadLetter(raw=body, reason=reason, stage="internal", agent_id=key)])
+        reason = f"internal error in the {self.stage} stage: a {tag!r} message does not parse: {exc}"
+        log.error("%s: %s; dead-lettered, the job goes on", self.stage, reason)
+        effects = Effects(dead_letters=[internal_dead_letter(body, reason, key)])
         effects.counts["internal_errors"] += 1
         return effects
 
@@ -132,11 +131,11 @@ class Driver:
         blamed = held.payload if held is not None else (text_of(brought) if brought is not None else None)
         if held is not None and isinstance(held.cause, Exception):
             exc = held.cause
-        if self.count_fault(digest_parts([self.label, key, blamed or "wake", type(exc).__name__])) <= 1:
-            log.error("%s: error for agent %s, restarting from the last checkpoint once: %r", self.label, key, exc)
+        if self.count_fault(digest_parts([self.stage, key, blamed or "wake", type(exc).__name__])) <= 1:
+            log.error("%s: error for agent %s, restarting from the last checkpoint once: %r", self.stage, key, exc)
             raise exc
-        reason = f"internal error in the {self.label} stage: {type(exc).__name__}: {exc}"
-        log.error("%s: %s; dead-lettered, the job goes on", self.label, reason)
+        reason = f"internal error in the {self.stage} stage: {type(exc).__name__}: {exc}"
+        log.error("%s: %s; dead-lettered, the job goes on", self.stage, reason)
         state = self.load(backend, key)
         if held is not None and held.seq is not None:  # a record the stage holds: exactly that one
             effects = self.core.evict(state, reason, Culprit(seq=held.seq))

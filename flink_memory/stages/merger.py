@@ -13,16 +13,17 @@ siblings' summaries are there to merge again; then only the frontier stays. Forg
 empty global that replaces every node of the agent written before.
 
 The store follows the agent's memory log: the merges and globals written here, numbered per agent, beside
-the batcher's own log of unit rows and batch nodes (stages.unit_rows).
+the batcher's own log of unit rows and batch nodes (flink_memory.memory_log).
 """
 
 from __future__ import annotations
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
+from flink_memory.memory_log import Base, Lineage, Snapshot, fork_line, log_line
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, RetryPolicy, drive, sweep_step_ms
+from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
 from flink_memory.stages.merger_revisions import TreeRevisions
 from flink_memory.stages.merger_state import (
     GLOBAL,
@@ -36,10 +37,10 @@ from flink_memory.stages.merger_state import (
     MergerSchedule,
     ParentJob,
     StoredNode,
+    merge_job,
 )
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, StageMessage
-from flink_memory.stages.protocol import Culprit
-from flink_memory.stages.unit_rows import Base, Lineage, Snapshot, fork_line, log_line
+from flink_memory.stages.protocol import Culprit, internal_dead_letter
 from flink_memory.state import StateTransaction
 from flink_memory.state_layout import dump_model
 from flink_memory.summarize.reduce import ReduceJob
@@ -50,18 +51,18 @@ JOINED_MODEL = "none (children joined: the merge failed)"  # a merge node's mode
 KEEP = {"all": {"batch", "merge", "global"}, "batch_and_global": {"batch", "global"}, "global_only": {"global"}}
 
 
-class MergerCore(TreeRevisions):
+class MergerCore:
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         self.config = config
         self.factory = factory
-        self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
+        self.timing = Timing.from_config(config)
         self.fan_in = config.summarization.fan_in if config.summarization.depth == "hierarchical" else None
         self.keep = KEEP[config.summarization.retention]
         self.refresh_ms = None if bounded else int(config.summarization.global_refresh_s * 1000)
         self.merge_target = Rooms.from_config(config, factory.budget).child_target
-        self.editable_ms = int(config.memory.editable_for * 1000)
+        self.revisions = TreeRevisions(self.merge_target)
         self.lineage = Lineage(history=config.job.history, branch=config.job.branch)
 
     # --- activations ---------------------------------------------------------------------------------
@@ -75,7 +76,7 @@ class MergerCore(TreeRevisions):
             self._forget(state, tree, schedule, effects)
             return self._settle(state, tree, schedule, effects)
         if isinstance(message, HoldNodes):
-            self._hold(state, message.node_ids)
+            self.revisions.hold(state, message.node_ids)
             return self._settle(state, tree, schedule, effects)
         if not isinstance(message, SummaryNode):
             raise TypeError(f"the merger takes summary nodes, holds and forgets, not {type(message).__name__}")
@@ -83,7 +84,7 @@ class MergerCore(TreeRevisions):
         schedule.ended = False
         if schedule.first_node_ms is None:
             schedule.first_node_ms = now_ms
-        self._write(node, effects)
+        self._send(node, effects)
         self._arrive(state, tree, node, now_ms, finished, effects)
         return self._advance(state, tree, schedule, finished, now_ms, effects)
 
@@ -104,7 +105,7 @@ class MergerCore(TreeRevisions):
         child drops out, and a revision given up still replaces the merge it remade (retracted facts)."""
         tree, schedule = self._load(state)
         effects = self._rebase(state, Effects())
-        if (pending := state.get(GLOBAL, ParentJob)) is not None:
+        if (pending := state.get(GLOBAL)) is not None:
             effects.dead_letters.append(_dead_job(pending, reason, state.key))
             state.set(GLOBAL, None)
         given_up = sorted((job.level, job.node_id) for _, job in state.items(MERGES))
@@ -119,7 +120,7 @@ class MergerCore(TreeRevisions):
             node = self._parent_node(state.key, job, "merge", text).model_copy(
                 update={"model": JOINED_MODEL, "completion_tokens": 0})
             effects.counts["merges_joined"] += 1
-            self._write(node, effects)
+            self._send(node, effects)
             self._arrive(state, tree, node, 0, {}, effects)
         if culprit is not None and (brought := culprit.dead_letter(reason, state.key)) is not None:
             effects.dead_letters.append(brought)
@@ -127,7 +128,7 @@ class MergerCore(TreeRevisions):
 
     # --- the tree ------------------------------------------------------------------------------------
 
-    def _write(self, node: SummaryNode, effects: Effects) -> None:
+    def _send(self, node: SummaryNode, effects: Effects) -> None:
         if node.kind in self.keep:
             effects.out.append(node)
 
@@ -147,7 +148,11 @@ class MergerCore(TreeRevisions):
                     self._place(state, tree, node, newest, now_ms, finished, effects)
                 return
             for old_id in known or node.replaces[:1]:
-                self._supersede(state, tree, old_id, node, newest, now_ms, finished, effects)
+                then = self.revisions.supersede(state, tree, old_id, node, newest, effects)
+                if isinstance(then, SummaryNode):
+                    self._place(state, tree, then, newest, now_ms, finished, effects)
+                elif then is not None:
+                    self._run_merge(state, tree, then, finished, now_ms, effects)
             return
         self._place(state, tree, node, newest, now_ms, finished, effects)
 
@@ -158,25 +163,18 @@ class MergerCore(TreeRevisions):
         self._schedule_sweep(state, now_ms)
         for start in tree.add(node, self.fan_in, self.factory.budget, lambda i: state.entry(NODES, i).node):
             children = [c for c in start.children if c.item_count]
-            job = self._merge_job(start.node_id, start.level, children)
+            job = merge_job(start.node_id, start.level, children, self.merge_target)
             for child in start.children:
                 stored = state.entry(NODES, child.node_id)
                 state.put(NODES, child.node_id, stored.model_copy(update={"parent": start.node_id}))
             self._run_merge(state, tree, job, finished, now_ms, effects)
-
-    def _merge_job(self, node_id: str, level: int, children: list[SummaryNode],
-                   replaces: list[str] | None = None) -> ParentJob:
-        return ParentJob(node_id=node_id, level=level, children=[ChildRef.of(c) for c in children],
-                         replaces=replaces or [],
-                         job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in children],
-                                       target_tokens=self.merge_target))
 
     def _parent_text(self, job: ParentJob, finished: Finished, now_ms: int, effects: Effects) -> str | None:
         """A merge's or global's text once made (None while its calls run). One child is its own summary and
         none an empty one: no call for either."""
         if len(job.children) <= 1:
             return job.job.entries[0]["text"] if job.children else ""
-        progress = drive(job.job, self.factory, finished, now_ms, self.retry)
+        progress = drive(job.job, self.factory, finished, now_ms, self.timing.retry)
         effects.track(progress, job.job)
         return progress.value if progress.state == "done" else None
 
@@ -189,7 +187,7 @@ class MergerCore(TreeRevisions):
         state.put(MERGES, job.node_id, None)
         node = self._parent_node(state.key, job, "merge", text)
         effects.counts["merges"] += 1
-        self._write(node, effects)
+        self._send(node, effects)
         self._arrive(state, tree, node, now_ms, finished, effects)
 
     def _advance(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, finished: Finished,
@@ -198,7 +196,7 @@ class MergerCore(TreeRevisions):
             job = state.entry(MERGES, key)
             if job is not None:  # (a merge finished above may have completed the one after it)
                 self._run_merge(state, tree, job, finished, now_ms, effects)
-        pending = state.get(GLOBAL, ParentJob)
+        pending = state.get(GLOBAL)
         if pending is None and tree.needs_global():
             due = self._global_due(schedule)
             if due is not None and now_ms >= due:
@@ -219,7 +217,7 @@ class MergerCore(TreeRevisions):
         # the merges and globals it wrote (the batcher logs its own nodes)
         written = [n for n in effects.out if isinstance(n, SummaryNode) and n.kind != "batch"]
         if written:
-            position = state.get(LOG, LogPosition) or LogPosition()
+            position = state.get(LOG) or LogPosition()
             lineage = Lineage(history=position.history, branch=position.branch)
             for node in written:
                 position.seq += 1
@@ -234,7 +232,7 @@ class MergerCore(TreeRevisions):
         """The first activation of an agent in this job's branch opens the branch of its merger log: an entry
         with where the log stood and the nodes this merger holds of the agent (as retention writes them) and its
         last global (stages.batcher.BatcherCore._rebase does the same for the batcher's log)."""
-        position = state.get(LOG, LogPosition) or LogPosition()
+        position = state.get(LOG) or LogPosition()
         if not self.lineage.branch or position.branch == self.lineage.branch:
             return effects
         base = Base(branch=position.branch, seq=position.seq)
@@ -281,7 +279,7 @@ class MergerCore(TreeRevisions):
         tree.global_done([c.node_id for c in pending.children], node.version or 0)
         schedule.last_global_ms = now_ms
         effects.counts["globals"] += 1
-        self._write(node, effects)
+        self._send(node, effects)
 
     def _parent_node(self, agent_id: str, job: ParentJob, kind: str, text: str) -> SummaryNode:
         firsts = [c.first_ts for c in job.children if c.first_ts]
@@ -318,17 +316,17 @@ class MergerCore(TreeRevisions):
                            item_count=0, model=self.config.llm.model, version=version, replaces=replaces)
         schedule.first_node_ms = schedule.last_global_ms = schedule.next_sweep_ms = None
         effects.counts["agents_forgotten"] += 1
-        self._write(node, effects)
+        self._send(node, effects)
 
     def _schedule_sweep(self, state: StateTransaction, now_ms: int) -> None:
-        schedule = state.get(SCHEDULE, MergerSchedule) or MergerSchedule()
+        schedule = state.get(SCHEDULE) or MergerSchedule()
         if schedule.next_sweep_ms is None:
-            schedule.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
+            schedule.next_sweep_ms = self.timing.next_sweep_ms(now_ms)
             state.set(SCHEDULE, schedule)
 
     def _sweep(self, state: StateTransaction, tree: SummaryTree, schedule: MergerSchedule, now_ms: int) -> None:
         """Drop merged nodes whose parent has no editable batch below it any more (the frontier stays)."""
-        if schedule.next_sweep_ms is None or now_ms < schedule.next_sweep_ms:
+        if not self.timing.sweep_due(schedule.next_sweep_ms, now_ms):
             return
         nodes = dict(state.items(NODES))
         above_held: set[str] = set()  # merges above a batch or merge being made again: their children stay
@@ -342,13 +340,14 @@ class MergerCore(TreeRevisions):
             if stored.parent in above_held or state.entry(MERGES, stored.parent) is not None:
                 continue  # (a parent still being made, or made again, may merge it again)
             parent = nodes.get(stored.parent)
-            if parent is None or (now_ms - parent.newest_ms >= self.editable_ms and parent.running_revision is None):
+            old = parent is not None and now_ms - parent.newest_ms >= self.timing.editable_ms
+            if parent is None or (old and parent.running_revision is None):
                 state.put(NODES, key, None)
-        schedule.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms) if merged else None
+        schedule.next_sweep_ms = self.timing.next_sweep_ms(now_ms) if merged else None
 
     def _load(self, state: StateTransaction) -> tuple[SummaryTree, MergerSchedule]:
-        tree = state.get(TREE, SummaryTree) or SummaryTree()
-        schedule = state.get(SCHEDULE, MergerSchedule)
+        tree = state.get(TREE) or SummaryTree()
+        schedule = state.get(SCHEDULE)
         if schedule is None:  # one object for the whole activation: _schedule_sweep reads it from state again
             schedule = MergerSchedule()
             state.set(SCHEDULE, schedule)
@@ -356,5 +355,4 @@ class MergerCore(TreeRevisions):
 
 
 def _dead_job(job: ParentJob, reason: str, agent_id: str) -> DeadLetter:
-    return DeadLetter(raw=dump_model(job), reason=reason, stage="internal", agent_id=agent_id,
-                      record_id=job.node_id)
+    return internal_dead_letter(dump_model(job), reason, agent_id, job.node_id)

@@ -8,12 +8,10 @@ its siblings and the merges above them until the replacement arrives, however lo
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 from flink_memory.ids import NodeId
 from flink_memory.records import SummaryNode
-from flink_memory.stages.calls import Effects, Finished
-from flink_memory.stages.merger_state import MERGES, NODES, ParentJob, StoredNode
+from flink_memory.stages.calls import Effects
+from flink_memory.stages.merger_state import MERGES, NODES, ParentJob, StoredNode, merge_job
 from flink_memory.state import StateTransaction
 from flink_memory.summarize.reduce import ReduceJob
 from flink_memory.summarize.tree import SummaryTree
@@ -25,22 +23,21 @@ def _swap(child_ids: list[str], old_id: str, new: SummaryNode) -> list[str]:
 
 
 class TreeRevisions:
-    """The merger core's revisions (a part of MergerCore): replacing a node where it stands, holding nodes being
-    made again. It places new nodes and runs merges through the core."""
+    """The merger's revisions, a part the core holds: replacing a node where it stands, holding nodes being made
+    again. It changes the tree and its state and answers what the core does next: place a node in the frontier,
+    or run a merge (made again); `merge_target` is the length asked of a merge's summary."""
 
-    _place: Callable[..., None]  # (state, tree, node, newest, now_ms, finished, effects): a node joins the frontier
-    _run_merge: Callable[..., None]  # (state, tree, job, finished, now_ms, effects)
-    _merge_job: Callable[..., ParentJob]  # (node_id, level, children, replaces)
+    def __init__(self, merge_target: int) -> None:
+        self.merge_target = merge_target
 
-    def _supersede(self, state: StateTransaction, tree: SummaryTree, old_id: str, new: SummaryNode, newest: int,
-                   now_ms: int, finished: Finished, effects: Effects) -> None:
-        """`new` replaces `old_id` where it stands: in the frontier, or under a merge that is made again."""
+    def supersede(self, state: StateTransaction, tree: SummaryTree, old_id: str, new: SummaryNode, newest: int,
+                  effects: Effects) -> SummaryNode | ParentJob | None:
+        """`new` replaces `old_id` where it stands: in the frontier, or under a merge that is made again (the
+        job returned); a node returned joins the frontier as a new one."""
         old = state.entry(NODES, old_id)
         if old is None:  # never written (a batch that took changes before it left) or sealed long ago:
             effects.counts["replacements_unplaced"] += 1  # nothing in state to recompute, keep the new one
-            if new.item_count:
-                self._place(state, tree, new, newest, now_ms, finished, effects)
-            return
+            return new if new.item_count else None
         state.put(NODES, old_id, None)
         if old.parent is None:  # a frontier node: swap it in place (an empty one leaves the frontier)
             if new.item_count:
@@ -48,37 +45,33 @@ class TreeRevisions:
                 state.put(NODES, new.node_id, StoredNode(node=new, newest_ms=newest))
             else:
                 tree.drop(old_id)
-            return
+            return None
         state.put(NODES, new.node_id, StoredNode(node=new, parent=old.parent, newest_ms=newest))
         running = state.entry(MERGES, old.parent)
         if running is not None:  # the parent is still being made: make it from the new children instead
-            self._rebuild(state, tree, running, _swap(running.child_ids, old_id, new), finished, now_ms, effects)
-            return
+            return self._rebuild(state, running, _swap(running.child_ids, old_id, new))
         parent = state.entry(NODES, old.parent)
         if parent is None:
             effects.counts["replacements_unplaced"] += 1
-            return
+            return None
         revision = state.entry(MERGES, parent.running_revision) if parent.running_revision is not None else None
         if revision is not None:  # a revision of the parent is being made: it takes this change too
-            self._rebuild(state, tree, revision, _swap(revision.child_ids, old_id, new), finished, now_ms, effects)
-            return
+            return self._rebuild(state, revision, _swap(revision.child_ids, old_id, new))
         job = ParentJob(node_id=str(NodeId.parse(old.parent).next_revision()), level=parent.node.level,
                         children=[], job=ReduceJob(purpose="merge", entries=[]), replaces=[old.parent])
         state.put(NODES, old.parent, parent.model_copy(update={"running_revision": job.node_id}))
-        self._rebuild(state, tree, job, _swap(parent.node.children, old_id, new), finished, now_ms, effects)
+        return self._rebuild(state, job, _swap(parent.node.children, old_id, new))
 
-    def _rebuild(self, state: StateTransaction, tree: SummaryTree, job: ParentJob, child_ids: list[str],
-                 finished: Finished, now_ms: int, effects: Effects) -> None:
-        """Make a merge (again) from these children, in this order (empty ones left out)."""
+    def _rebuild(self, state: StateTransaction, job: ParentJob, child_ids: list[str]) -> ParentJob:
+        """The merge to make (again) from these children, in this order (empty ones left out)."""
         children = [stored.node for i in child_ids if (stored := state.entry(NODES, i)) is not None
                     and stored.node.item_count]
         for child in children:
             entry = state.entry(NODES, child.node_id)
             state.put(NODES, child.node_id, entry.model_copy(update={"parent": job.node_id}))
-        self._run_merge(state, tree, self._merge_job(job.node_id, job.level, children, job.replaces), finished,
-                        now_ms, effects)
+        return merge_job(job.node_id, job.level, children, self.merge_target, job.replaces)
 
-    def _hold(self, state: StateTransaction, node_ids: list[str]) -> None:
+    def hold(self, state: StateTransaction, node_ids: list[str]) -> None:
         """Nodes being made again are held: until their replacements arrive, the sweep keeps them, their
         siblings and the merges above them, however long the calls take."""
         for node_id in node_ids:

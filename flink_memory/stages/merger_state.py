@@ -18,14 +18,17 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from flink_memory.records import SummaryNode
 from flink_memory.stages.reduce_state import ReduceJobV2
-from flink_memory.state import StateSchema
+from flink_memory.state import Entries, StateSchema, Value
 from flink_memory.state_layout import StateModel, StoredModel
 from flink_memory.summarize.reduce import ReduceJob
-from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree
+from flink_memory.summarize.tree import ChildRef, Slot, SummaryTree, merge_entry
 
-TREE, NODES, MERGES, GLOBAL = "merger_tree", "merger_nodes", "merger_merges", "merger_global"
-SCHEDULE = "merger_clock"  # (a state's name is in every checkpoint: it stays as written)
-LOG = "merger_log"
+TREE: Value[SummaryTree] = Value("merger_tree")
+SCHEDULE: Value[MergerSchedule] = Value("merger_clock")  # (a state's name is in every checkpoint: it stays as written)
+GLOBAL: Value[ParentJob] = Value("merger_global")
+LOG: Value[LogPosition] = Value("merger_log")
+NODES: Entries[StoredNode] = Entries("merger_nodes")
+MERGES: Entries[ParentJob] = Entries("merger_merges")
 
 
 class MergerSchedule(BaseModel):
@@ -39,7 +42,7 @@ class MergerSchedule(BaseModel):
 
 class LogPosition(BaseModel):
     """How many entries of the agent's merger log were written (the `seq` of the last one), in which history and
-    branch (stages.unit_rows.Lineage), and the last global it wrote (what a new branch's snapshot carries)."""
+    branch (flink_memory.memory_log.Lineage), and the last global it wrote (what a new branch's snapshot carries)."""
 
     seq: int = 0
     history: str = ""
@@ -120,7 +123,7 @@ class MergerScheduleV2(StateModel):
 
 class LogPositionV2(StateModel):
     stores: ClassVar = LogPosition
-    added: ClassVar = frozenset({"history", "branch", "current"})  # (stages.unit_rows.Lineage)
+    added: ClassVar = frozenset({"history", "branch", "current"})  # (flink_memory.memory_log.Lineage)
 
     seq: int = 0
     history: str = ""
@@ -148,6 +151,15 @@ class ParentJobV2(StateModel):
     children: list[ChildRefV2]
     job: ReduceJobV2
     replaces: list[str] = Field(default_factory=list)
+
+
+def merge_job(node_id: str, level: int, children: list[SummaryNode], target_tokens: int,
+              replaces: list[str] | None = None) -> ParentJob:
+    """The job of a merge of these children (in this order), asking `target_tokens` of its summary."""
+    return ParentJob(node_id=node_id, level=level, children=[ChildRef.of(c) for c in children],
+                     replaces=replaces or [],
+                     job=ReduceJob(purpose="merge", entries=[merge_entry(c) for c in children],
+                                   target_tokens=target_tokens))
 
 
 SCHEMA = StateSchema(values={TREE: SummaryTreeV2, SCHEDULE: MergerScheduleV2, GLOBAL: ParentJobV2,

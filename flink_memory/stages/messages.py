@@ -43,7 +43,7 @@ class EndOfInput(_Control):
 
 
 class Rebase(_Control):
-    """The job was restored: the agent's logs open this job's branch now, input or not (stages.unit_rows), so a
+    """The job was restored: the agent's logs open this job's branch now, input or not (flink_memory.memory_log), so a
     store that applied an abandoned branch of it follows the restored one without waiting for its input."""
 
 

@@ -15,6 +15,7 @@ long again its id is forgotten (stages.planner_retention).
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 
 from flink_memory.chunking.exchanges import InvalidPlan, materialize
 from flink_memory.chunking.manifest import (
@@ -40,7 +41,7 @@ from flink_memory.records import (
     record_from_json,
 )
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, RetryPolicy, drive
+from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, Timing, drive
 from flink_memory.stages.messages import ForgetAgent, Retract, StageMessage, text_of
 from flink_memory.stages.planner_retention import SourceRetention
 from flink_memory.stages.planner_state import (
@@ -56,15 +57,18 @@ from flink_memory.stages.planner_state import (
     SourceEntry,
     plan_progress,
 )
-from flink_memory.stages.protocol import Culprit
+from flink_memory.stages.protocol import Culprit, internal_dead_letter
 from flink_memory.state import StateTransaction, seq_key
 from flink_memory.state_layout import StateVersionError
 from flink_memory.summarize.rooms import Rooms
 
 
+def _raw(record: InputRecord) -> str:
+    return json.dumps(record.model_dump(mode="json"), ensure_ascii=False)
+
+
 def _dead(record: InputRecord, reason: str, stage: str) -> DeadLetter:
-    return DeadLetter(raw=json.dumps(record.model_dump(mode="json"), ensure_ascii=False), reason=reason,
-                      stage=stage, agent_id=record.agent_id,  # type: ignore[arg-type]
+    return DeadLetter(raw=_raw(record), reason=reason, stage=stage, agent_id=record.agent_id,  # type: ignore[arg-type]
                       record_id=getattr(record, "id", None))
 
 
@@ -73,18 +77,22 @@ def item_digest(record: InputRecord) -> str:
     return digest(record.model_dump(mode="json", exclude={"ts", "metadata"}))
 
 
-class PlannerCore(SourceRetention):
+class PlannerCore:
     schema = SCHEMA
 
     def __init__(self, config: Config, factory: RequestFactory, *, bounded: bool = False) -> None:
         """`bounded` is the stages' common signature; the planner has no timeouts to skip."""
         self.config = config
         self.planner = ChunkPlanner(config, factory, Rooms.from_config(config, factory.budget).batch_item_room)
-        self.retry = RetryPolicy(config.llm.retry_backoff_s, config.llm.retry_backoff_max_s)
+        self.timing = Timing.from_config(config)
+        self.retention = SourceRetention(self.timing, config.memory.editable_for)
         self.raise_on_failure = config.chunking.on_planner_failure == "raise"
-        self.editable_ms = int(config.memory.editable_for * 1000)
-        spec = config.job.inject_failure or ""
-        self.poison = tuple(spec.removeprefix("record:").split("/", 1)) if spec.startswith("record:") else None
+        self.inspect: Callable[[InputRecord], None] | None = None
+
+    def inspect_with(self, inspect: Callable[[InputRecord], None]) -> None:
+        """Have `inspect` see each record just before it is handled (a runner's drill: stages.drills); an error
+        it raises is blamed on that record."""
+        self.inspect = inspect
 
     # --- activations ---------------------------------------------------------------------------------
 
@@ -97,7 +105,7 @@ class PlannerCore(SourceRetention):
             effects = Effects()
             entry = QueuedRecord(payload=payload)
             if self._guarded(state, entry, None, finished, now_ms, effects, message):
-                self._sweep(state, now_ms, effects)
+                self.retention.sweep(state, now_ms, effects)
                 return effects
             state.put(QUEUE, seq_key(head.next), entry)
             head.next += 1
@@ -128,7 +136,8 @@ class PlannerCore(SourceRetention):
         entry = state.entry(QUEUE, seq_key(seq)) if head.first <= seq < head.next else None
         if entry is not None:
             record = record_from_json(json.loads(entry.payload))
-            effects.dead_letters.append(_dead(record, reason, "internal"))
+            effects.dead_letters.append(internal_dead_letter(_raw(record), reason, record.agent_id,
+                                                             getattr(record, "id", None)))
             if entry.checked:  # accepted in an earlier activation, while its plan was being made
                 state.put(SOURCES, record.id, entry.previous)
             state.put(QUEUE, seq_key(seq), None)
@@ -138,7 +147,7 @@ class PlannerCore(SourceRetention):
         return effects
 
     def _head(self, state: StateTransaction) -> QueueHead:
-        return state.get(HEAD, QueueHead) or QueueHead()
+        return state.get(HEAD) or QueueHead()
 
     def _drain(self, state: StateTransaction, head: QueueHead, finished: Finished, now_ms: int) -> Effects:
         effects = Effects()
@@ -153,7 +162,7 @@ class PlannerCore(SourceRetention):
             state.put(QUEUE, seq_key(head.first), None)
             head.first += 1
         state.set(HEAD, head if head.first < head.next else None)
-        self._sweep(state, now_ms, effects)
+        self.retention.sweep(state, now_ms, effects)
         return effects
 
     # --- one record ----------------------------------------------------------------------------------
@@ -173,8 +182,8 @@ class PlannerCore(SourceRetention):
         """Handle the record at the head of the queue (`record`: the entry's, when the caller has it parsed);
         False while it waits for the planner."""
         record = record or record_from_json(json.loads(entry.payload))
-        if self.poison == (record.agent_id, getattr(record, "id", None)):
-            raise RuntimeError(f"injected failure for record {record.agent_id}/{record.id} (job.inject_failure)")
+        if self.inspect is not None:
+            self.inspect(record)
         if isinstance(record, Forget):
             self._forget(state, effects)
             return True
@@ -185,7 +194,7 @@ class PlannerCore(SourceRetention):
             routed = self.planner.route(record)
             content = routed.manifest.input_digest if routed.manifest else item_digest(record)
             if self._accept(state, record, content, entry, now_ms, effects):
-                self._emit(state, record, routed, entry, now_ms, effects, content=content)
+                self._send_units(state, record, routed, entry, now_ms, effects, content=content)
             return True
         assert isinstance(record, Conversation)
         prepared = prepare(record)
@@ -200,7 +209,7 @@ class PlannerCore(SourceRetention):
                 return True
             if reused is not None:
                 effects.counts["plans_reused"] += 1
-                self._emit(state, record, reused, entry, now_ms, effects, store=False)
+                self._send_units(state, record, reused, entry, now_ms, effects, store=False)
                 return True
             entry.checked = True
         if entry.job is not None and entry.job_digest != self.job_digest(entry.job, prepared):
@@ -212,7 +221,7 @@ class PlannerCore(SourceRetention):
         job = entry.job or PlanJob()
         entry.job = job
         try:
-            progress = drive(job, PlanTask(self.planner, prepared), finished, now_ms, self.retry)
+            progress = drive(job, PlanTask(self.planner, prepared), finished, now_ms, self.timing.retry)
         except InvalidPlan as exc:
             return self._failed(state, record, prepared, f"invalid planner output: {exc}", entry, now_ms, effects)
         entry.job_digest = self.job_digest(job, prepared)
@@ -220,7 +229,7 @@ class PlannerCore(SourceRetention):
         if progress.state == "done":
             effects.counts["plans_made"] += 1
             routed = self.planner.finish(record, prepared, progress.value, "semantic", calls=job.calls)
-            self._emit(state, record, routed, entry, now_ms, effects)
+            self._send_units(state, record, routed, entry, now_ms, effects)
             return True
         if progress.state == "failed":
             return self._failed(state, record, prepared, f"planner call failed: {progress.error}", entry, now_ms,
@@ -245,7 +254,7 @@ class PlannerCore(SourceRetention):
             return True
         effects.counts["plan_fallbacks"] += 1
         calls = entry.job.calls if entry.job else 0
-        self._emit(state, record, self.planner.fallback(record, prepared, reason, calls), entry, now_ms, effects)
+        self._send_units(state, record, self.planner.fallback(record, prepared, reason, calls), entry, now_ms, effects)
         return True
 
     def _accept(self, state: StateTransaction, record: Content, input_digest: str | None, entry: QueuedRecord,
@@ -258,12 +267,12 @@ class PlannerCore(SourceRetention):
             effects.dead_letters.append(_dead(record, "duplicate: this id was already accepted with identical "
                                                       "content", "duplicate"))
             return False
-        if previous is not None and self._sealed(previous, now_ms):
-            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id), "change"))
+        if previous is not None and self.retention.sealed(previous, now_ms):
+            effects.dead_letters.append(_dead(record, self.retention.sealed_reason(record.id), "change"))
             return False
         entry.previous = previous
         state.put(SOURCES, record.id, SourceEntry(digest=content, accepted_ms=now_ms))
-        self._remember(state, now_ms, effects)
+        self.retention.remember(state, now_ms, effects)
         return True
 
     def _delete(self, state: StateTransaction, record: Deletion, now_ms: int, effects: Effects) -> None:
@@ -273,8 +282,8 @@ class PlannerCore(SourceRetention):
                                                       f"{record.id!r} to delete (never sent, already deleted, or "
                                                       "sealed long ago)", "change"))
             return
-        if self._sealed(previous, now_ms):
-            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id), "change"))
+        if self.retention.sealed(previous, now_ms):
+            effects.dead_letters.append(_dead(record, self.retention.sealed_reason(record.id), "change"))
             return
         effects.out.append(Retract(units=previous.units, reason=f"record {record.id} deleted"))
         effects.counts["deletions"] += 1
@@ -309,12 +318,12 @@ class PlannerCore(SourceRetention):
             return _dead(record, f"stored chunk plan failed verification, not reused: {exc}", "plan")
         return routed
 
-    def _emit(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord, now_ms: int,
-              effects: Effects, store: bool = True, content: str | None = None) -> None:
+    def _send_units(self, state: StateTransaction, record: Content, routed: Routed, entry: QueuedRecord,
+                    now_ms: int, effects: Effects, store: bool = True, content: str | None = None) -> None:
         previous = entry.previous
-        if previous is not None and self._sealed(previous, now_ms):  # sealed while the update was planned:
-            effects.dead_letters.append(_dead(record, self._sealed_reason(record.id) + " (it was sealed while "
-                                                      "this update was planned)", "change"))
+        if previous is not None and self.retention.sealed(previous, now_ms):  # sealed while the update was planned:
+            reason = self.retention.sealed_reason(record.id) + " (it was sealed while this update was planned)"
+            effects.dead_letters.append(_dead(record, reason, "change"))
             state.put(SOURCES, record.id, previous)  # the old version stays what this id stands for
             return
         if previous is not None:  # an update: the old version's units leave before the new ones arrive

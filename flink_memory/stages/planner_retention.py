@@ -6,36 +6,35 @@ it, not every record.
 
 from __future__ import annotations
 
-from flink_memory.config import Config
-from flink_memory.stages.calls import Effects, sweep_step_ms
+from flink_memory.stages.calls import Effects, Timing
 from flink_memory.stages.planner_state import CLOCK, PLANS, SOURCES, PlannerClock, SourceEntry
 from flink_memory.state import StateTransaction
 
 
 class SourceRetention:
-    """The planner core's retention of accepted records and plans (a part of PlannerCore)."""
+    """The planner's retention of accepted records and plans, a part the core holds."""
 
-    config: Config
-    editable_ms: int
+    def __init__(self, timing: Timing, editable_for_s: float) -> None:
+        self.timing, self.editable_for_s = timing, editable_for_s  # (memory.editable_for, as the reason shows it)
 
-    def _sealed(self, source: SourceEntry, now_ms: int) -> bool:
-        return source.sealed or (source.accepted_ms > 0 and now_ms - source.accepted_ms >= self.editable_ms)
+    def sealed(self, source: SourceEntry, now_ms: int) -> bool:
+        return source.sealed or (source.accepted_ms > 0 and now_ms - source.accepted_ms >= self.timing.editable_ms)
 
-    def _sealed_reason(self, record_id: str) -> str:
+    def sealed_reason(self, record_id: str) -> str:
         return (f"sealed: record {record_id!r} was accepted more than memory.editable_for "
-                f"({self.config.memory.editable_for:.0f} s) ago, or by release 0.1.0; its text has left state, so "
+                f"({self.editable_for_s:.0f} s) ago, or by release 0.1.0; its text has left state, so "
                 "it can no longer be updated or deleted")
 
-    def _remember(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
+    def remember(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
         """Something was stored that must expire: make sure a sweep is scheduled."""
-        if state.get(CLOCK, PlannerClock) is None:
-            state.set(CLOCK, PlannerClock(next_sweep_ms=now_ms + sweep_step_ms(self.editable_ms)))
-        effects.sweep(state.get(CLOCK, PlannerClock).next_sweep_ms)
+        if state.get(CLOCK) is None:
+            state.set(CLOCK, PlannerClock(next_sweep_ms=self.timing.next_sweep_ms(now_ms)))
+        effects.sweep(state.get(CLOCK).next_sweep_ms)
 
-    def _sweep(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
+    def sweep(self, state: StateTransaction, now_ms: int, effects: Effects) -> None:
         """Seal records older than memory.editable_for, forget ids twice as old and plans as old; schedule the
         next sweep while anything is left. Runs every tenth of memory.editable_for, not on every record."""
-        clock = state.get(CLOCK, PlannerClock)
+        clock = state.get(CLOCK)
         if clock is None or clock.next_sweep_ms is None:
             return
         if now_ms >= clock.next_sweep_ms:
@@ -44,19 +43,19 @@ class SourceRetention:
                 age = now_ms - source.accepted_ms
                 if not source.accepted_ms:  # (no acceptance time known: its age counts from now)
                     state.put(SOURCES, record_id, source.model_copy(update={"accepted_ms": now_ms}))
-                elif age >= 2 * self.editable_ms or not source.digest:
+                elif age >= 2 * self.timing.editable_ms or not source.digest:
                     state.put(SOURCES, record_id, None)
-                elif age >= self.editable_ms and not source.sealed:
+                elif age >= self.timing.editable_ms and not source.sealed:
                     state.put(SOURCES, record_id, source.model_copy(update={"sealed": True, "units": []}))
             for input_digest in state.keys(PLANS):
                 plan = state.entry(PLANS, input_digest)
                 if not plan.stored_ms:
                     state.put(PLANS, input_digest, plan.model_copy(update={"stored_ms": now_ms}))
-                elif now_ms - plan.stored_ms >= self.editable_ms:
+                elif now_ms - plan.stored_ms >= self.timing.editable_ms:
                     state.put(PLANS, input_digest, None)
             if not state.keys(SOURCES) and not state.keys(PLANS):
                 state.set(CLOCK, None)
                 return
-            clock.next_sweep_ms = now_ms + sweep_step_ms(self.editable_ms)
+            clock.next_sweep_ms = self.timing.next_sweep_ms(now_ms)
             state.set(CLOCK, clock)
         effects.sweep(clock.next_sweep_ms)

@@ -14,10 +14,14 @@ from typing import Any, ClassVar
 from pydantic import BaseModel, Field
 
 from flink_memory.chunking.plans import PlanJob
-from flink_memory.state import StateSchema
+from flink_memory.state import Entries, StateSchema, Value
 from flink_memory.state_layout import StateModel
 
-HEAD, CLOCK, QUEUE, SOURCES, PLANS = "planner_head", "planner_clock", "planner_queue", "sources", "plans"
+HEAD: Value[QueueHead] = Value("planner_head")
+CLOCK: Value[PlannerClock] = Value("planner_clock")
+QUEUE: Entries[QueuedRecord] = Entries("planner_queue")
+SOURCES: Entries[SourceEntry] = Entries("sources")
+PLANS: Entries[PlanEntry] = Entries("plans")
 
 
 class QueueHead(BaseModel):

@@ -21,6 +21,11 @@ if TYPE_CHECKING:
     from flink_memory.requests import RequestFactory
 
 
+def internal_dead_letter(raw: str, reason: str, agent_id: str, record_id: str | None = None) -> DeadLetter:
+    """An error of ours that came again on this input (stage `internal`): every stage's and the driver's."""
+    return DeadLetter(raw=raw, reason=reason, stage="internal", agent_id=agent_id, record_id=record_id)
+
+
 @dataclass(frozen=True)
 class Culprit:
     """What an error of ours is blamed on: the message the activation brought (`message`; None for a wake-up
@@ -33,8 +38,7 @@ class Culprit:
         """The brought message as a dead letter (None when the activation brought none)."""
         if self.message is None:
             return None
-        return DeadLetter(raw=text_of(self.message), reason=reason, stage="internal", agent_id=agent_id,
-                          record_id=record_id)
+        return internal_dead_letter(text_of(self.message), reason, agent_id, record_id)
 
 
 class StageCore(Protocol):

@@ -2,8 +2,9 @@
 (flink_memory.flink.operators) and the in-memory runner (flink_memory.local).
 
 A runner starts the calls a core asks for, lets the pool forget the results it consumed, wakes the key when its
-calls should be done or its deadline is due, and sends each output on its channel: the stage's records to the
-next stage (the last stage's out of the job), dead letters, and the side channels of flink_memory.topology.
+calls should be done or its deadline is due, sends the stage's messages to the next stage (the last stage's out
+of the job) and emits the rest on its channel: dead letters, and the side channels of flink_memory.topology.
+(The words: a stage *sends* a message to the next stage and *emits* a line on a side channel; docs/architecture.md.)
 """
 
 from __future__ import annotations

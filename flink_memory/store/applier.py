@@ -1,7 +1,7 @@
 """The store follows the committed memory log: the applier writes it from committed files only.
 
 The job writes each agent's store changes (nodes and unit rows, numbered per agent and writer:
-stages.unit_rows.LogEntry) to `<output>/memory/` with Flink's exactly-once file sink, which makes a part file
+flink_memory.memory_log.LogEntry) to `<output>/memory/` with Flink's exactly-once file sink, which makes a part file
 visible only when the checkpoint holding it completes (in-progress files are hidden: their names start with a
 dot). The applier reads each new committed file and applies, in one store transaction per file, the entries that
 continue each agent's stored positions (one per log), with the new positions and the file's name
@@ -28,7 +28,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from flink_memory.stages.unit_rows import LogEntry
+from flink_memory.memory_log import LogEntry
 from flink_memory.store.lag import Lag
 from flink_memory.store.log_location import LOG_DIR as LOG_DIR  # (its home; imported from here too)
 from flink_memory.store.log_location import LogFile, LogLocation

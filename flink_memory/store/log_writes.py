@@ -8,7 +8,7 @@ pending deletion, so that no older committed write shows them again; the commit 
 removes the provisional rows and the pending deletions and shows a hidden unit again unless it deleted it. A
 provisional write behind the committed position changes nothing (a slow writer, a zombie attempt).
 
-Positions are (branch, seq) per log (stages.unit_rows.Lineage). A branch's first entry (its `base`: where the
+Positions are (branch, seq) per log (flink_memory.memory_log.Lineage). A branch's first entry (its `base`: where the
 log stood) that does not continue the stored position is a restore of another point: the rows and replacements
 that the log's entries outside the new branch's lineage wrote are dropped (each row records the entry that
 wrote it last), and the entry's snapshot (what the job holds of the agent) is written. Provisional rows, hidden
@@ -64,7 +64,7 @@ LAG_KEY = "applier_lag"  # the meta row of the applier's last lag (flink_memory.
 SET_LAG = f"INSERT INTO {META} (key, value) VALUES (?, ?) ON CONFLICT (key) DO UPDATE SET value = excluded.value"
 
 if TYPE_CHECKING:
-    from flink_memory.stages.unit_rows import LogEntry, UnitRows
+    from flink_memory.memory_log import LogEntry, UnitRows
 
 Statements = list[tuple[str, tuple[Any, ...]]]
 WRITERS = ("merger", "batcher")

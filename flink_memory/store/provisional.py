@@ -12,7 +12,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable
 
-from flink_memory.stages.unit_rows import UnitRows
+from flink_memory.memory_log import UnitRows
 from flink_memory.store.sql import MemoryStore
 
 FLUSH_S = 0.05  # the longest a unit waits to be shown

@@ -44,7 +44,7 @@ CREATE_LOG_TABLES = (  # (the index of provisional rows is made after the column
     "parent TEXT NOT NULL, parent_seq BIGINT NOT NULL, PRIMARY KEY (agent_id, log, branch))",
     f"CREATE TABLE IF NOT EXISTS {ATTEMPTS} (branch TEXT PRIMARY KEY, attempt BIGINT NOT NULL)",
 )
-# columns of the history (stages.unit_rows.Lineage), added to the tables of a store written before it: the
+# columns of the history (flink_memory.memory_log.Lineage), added to the tables of a store written before it: the
 # history and branch of each log position; the branch of each provisional row, hidden row and pending deletion;
 # and which log entry (writer, branch, seq) last wrote each row and each replacement, so a restore can drop
 # what an abandoned branch applied

@@ -17,7 +17,7 @@ from pydantic import BaseModel, Field
 
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
 from flink_memory.summarize.prompts import SUMMARY_PROMPT_VERSION, Packer, Purpose, escape, messages_for, written_bound
-from flink_memory.summarize.rooms import entry_limit, entry_room
+from flink_memory.summarize.rooms import entry_limit, entry_room, summary_length
 from flink_memory.tokens.budget import Budget
 from flink_memory.tokens.split import split_text
 
@@ -113,8 +113,7 @@ class ReduceJob(BaseModel):
 
     def _round_target(self, budget: Budget, groups: int) -> int:
         """Each group's summary must leave room for the others in the next round's one request."""
-        room = entry_room(budget, self.purpose, budget.max_output_tokens, self.scale)
-        return max(16, min(budget.max_output_tokens, room // groups - 8))
+        return summary_length(budget, entry_room(budget, self.purpose, budget.max_output_tokens, self.scale), groups)
 
     def requests(self, factory: RequestFactory) -> list[ChatRequest]:
         """The calls of the current round, in order."""

@@ -30,13 +30,18 @@ def entry_room(budget: Budget, purpose: Purpose, target_tokens: int, scale: floa
     return budget.prompt_room() - frame_tokens(budget, purpose, target_tokens, scale)
 
 
+def summary_length(budget: Budget, room: int, shares: int) -> int:
+    """Length to ask of one of `shares` summaries that the next request holds together in `room` tokens (the
+    one formula: a child of a merge, a group of a reduce round)."""
+    return max(16, min(budget.max_output_tokens, room // shares - 8))
+
+
 def child_target(budget: Budget, fan_in: int) -> int:
     """Length to ask of a summary that a merge will combine with fan_in - 1 siblings.
 
     The merge frame is counted uncalibrated (scale 1, an upper bound): the target is in every batch and merge
     prompt, so it must not depend on what a process has learned, or a restored job would ask differently."""
-    room = entry_room(budget, "merge", budget.max_output_tokens, 1.0)
-    return max(16, min(budget.max_output_tokens, room // fan_in - 8))
+    return summary_length(budget, entry_room(budget, "merge", budget.max_output_tokens, 1.0), fan_in)
 
 
 def batch_item_room(config: Config) -> int:

@@ -4,8 +4,8 @@ or forgotten; a sealed unit stays. On the stage cores (tests/stagekit.py) and on
 import pytest
 from stagekit import Pipeline, cfg, keeping_answer, live
 
+from flink_memory.memory_log import LogEntry, UnitRows
 from flink_memory.stages.calls import MEMORY_LOG
-from flink_memory.stages.unit_rows import LogEntry, UnitRows
 from flink_memory.store import open_store
 
 
