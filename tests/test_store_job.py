@@ -41,7 +41,9 @@ def test_store_equals_the_live_view_of_the_changelog_after_changes_and_a_failure
                   journal=tmp_path / "journal.sqlite")
     assert marker.exists(), "the injected failure did not fire"
     live = live_view(out["summaries"])
-    assert len(live) < len(out["summaries"])  # the changes replaced nodes
+    # (the changes replace nodes when they reach the batcher after their batches were summarized; on a busy
+    # machine they can come first, while each agent's units wait for its first report: then they apply to
+    # units not yet summarized, and the store must equal the live view all the same)
     with open_store(url) as store:
         assert store.agents() == ["agent-0", "agent-1", "agent-2"]
         stored = {(n.agent_id, n.node_id): n for agent in store.agents() for n in store.nodes(agent)}
