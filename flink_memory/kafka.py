@@ -68,6 +68,18 @@ def is_kafka(input_path: str) -> bool:
     return input_path.startswith("kafka://")
 
 
+def bootstrap_addresses(bootstrap: str) -> list[tuple[str, int]]:
+    """(host, port) of each HOST:PORT of a bootstrap list (an IPv6 host without its brackets); a malformed
+    entry is refused naming it."""
+    addresses = []
+    for entry in (e.strip() for e in bootstrap.split(",") if e.strip()):
+        if not _ADDRESS.match(entry):
+            raise ValueError(f"{entry!r} is not HOST:PORT")
+        host, _, port = entry.rpartition(":")
+        addresses.append((host.strip("[]"), int(port)))
+    return addresses
+
+
 def parse_kafka_url(url: str) -> KafkaInput:
     """The servers and topics of a `kafka://` input; a malformed one is refused with what is expected."""
     expected = "expected kafka://HOST:PORT[,HOST:PORT]/TOPIC[,TOPIC]"

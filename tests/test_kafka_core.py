@@ -6,7 +6,15 @@ import json
 import pytest
 
 from flink_memory.config import ConfigError, load_config
-from flink_memory.kafka import connector_jar, memory_key, parse_kafka_url, position, shipped_connector, topics
+from flink_memory.kafka import (
+    bootstrap_addresses,
+    connector_jar,
+    memory_key,
+    parse_kafka_url,
+    position,
+    shipped_connector,
+    topics,
+)
 from flink_memory.records import DeadLetter, MemoryItem, parse_kafka_value
 
 
@@ -72,3 +80,9 @@ def test_a_connector_shipped_by_the_submitter_is_recognized():
     assert shipped_connector("[file:/opt/jars/flink-connector-kafka-4.0.jar]")
     assert shipped_connector("[file:/opt/udf.jar]") is None
     assert shipped_connector(None) is None and shipped_connector("None") is None
+
+
+def test_bootstrap_addresses_are_host_and_port_pairs():
+    assert bootstrap_addresses(" h1:9092, [::1]:9093 ,") == [("h1", 9092), ("::1", 9093)]
+    with pytest.raises(ValueError, match="'h2' is not HOST:PORT"):
+        bootstrap_addresses("h1:9092,h2")

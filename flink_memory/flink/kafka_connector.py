@@ -23,7 +23,15 @@ from pyflink.util.java_utils import to_jarray
 
 from flink_memory.config import Config, ConfigError
 from flink_memory.flink.operators import ParseRecords
-from flink_memory.kafka import KafkaInput, connector_jar, memory_key, position, shipped_connector, topics
+from flink_memory.kafka import (
+    KafkaInput,
+    bootstrap_addresses,
+    connector_jar,
+    memory_key,
+    position,
+    shipped_connector,
+    topics,
+)
 from flink_memory.records import DeadLetter, InputRecord, parse_kafka_value
 
 CHECK_TIMEOUT_S = 20.0
@@ -143,14 +151,17 @@ def check_brokers(bootstrap: str, properties: dict[str, str], *, need: tuple[str
 def _reachable(bootstrap: str, timeout_s: float) -> None:
     """Fail at once when no bootstrap address takes a connection (refused, or no such host): the admin client
     would retry until its timeout before saying the same."""
+    try:
+        addresses = bootstrap_addresses(bootstrap)
+    except ValueError as exc:
+        raise KafkaUnavailable(f"Kafka at {bootstrap}: {exc}") from None
     reasons = []
-    for address in (a.strip() for a in bootstrap.split(",") if a.strip()):
-        host, _, port = address.rpartition(":")
+    for host, port in addresses:
         try:
-            socket.create_connection((host.strip("[]") or address, int(port or 9092)), timeout=timeout_s).close()
+            socket.create_connection((host, port), timeout=timeout_s).close()
             return
-        except (OSError, ValueError) as exc:
-            reasons.append(f"{address}: {exc.strerror or exc}" if isinstance(exc, OSError) else f"{address}: {exc}")
+        except OSError as exc:
+            reasons.append(f"{host}:{port}: {exc.strerror or exc}")
     raise KafkaUnavailable(f"Kafka at {bootstrap} did not answer ({'; '.join(reasons) or 'no address'}): "
                            "check the address and that the brokers are up")
 
