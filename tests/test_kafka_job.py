@@ -10,7 +10,7 @@ from collections import Counter
 from pathlib import Path
 
 import pytest
-from jobkit import batch_units, check_tree, config_for, execute, expected_units, items, units_per_agent
+from jobkit import PRISTINE_ENV, batch_units, check_tree, config_for, execute, expected_units, items, units_per_agent
 from kafka_broker import consume_all, create_topic, produce
 from scripted_server import ScriptedServer
 
@@ -116,7 +116,7 @@ def test_the_broker_check_finds_the_connector_from_any_gateway_thread(tmp_path):
     connection goes to a new JVM thread: the check must still find the admin client there. (In a process of its
     own: the second gateway connection it makes would move later calls of this process between JVM threads.)"""
     done = subprocess.run([sys.executable, "-c", GATEWAY_THREADS, str(Path(__file__).parent), str(tmp_path / "out")],
-                          capture_output=True, text=True, timeout=240)
+                          capture_output=True, text=True, timeout=240, env=PRISTINE_ENV)
     assert done.returncode == 0, done.stderr[-3000:]
     assert "did not answer within 2 s" in done.stdout, done.stdout[-2000:] + done.stderr[-2000:]
 
