@@ -78,7 +78,7 @@ TEST_WORKERS ?= 0
 
 test: $(STAMP) $(KAFKA_JARS) $(S3_PLUGIN) $(AGENTS_JARS)
 	$(BIN)/ruff check flink_memory jobs tests samples benchmarks
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile $(PYTEST_ARGS)
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=30 $(PYTEST_ARGS)
 	FLINK_MEMORY_SERVICE_PYTHON=$(BIN)/python $(AGENTS_BIN)/python -m pytest -q -p no:cacheprovider tests/agents $(PYTEST_ARGS)
 
 bench: $(STAMP)
