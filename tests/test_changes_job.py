@@ -4,6 +4,7 @@ forgotten agent. Checked through the changelog's live view (`replaces`): every l
 batch node, item counts, superseded and deleted facts in no live node and not in the current global, new
 facts present. The same again with a kill and a restore between the originals and the changes."""
 
+import contextlib
 import re
 import time
 from collections import Counter
@@ -118,12 +119,16 @@ def test_changes_after_a_kill_and_a_restore(tmp_path):
                                    args=("--follow", "--restore", str(checkpoint))), tmp_path / "second.log")
         try:
             def settled():
-                out = read_outputs(str(output))
-                current = latest_globals(out["summaries"])
-                return out if current.get("c", {}).get("item_count") == 0 and "Corrected" in current.get(
-                    "a", {}).get("text", "") and current.get("b", {}).get("item_count") == 5 else None
+                """The committed outputs hold every change (on a loaded machine the last global of an agent
+                can come a refresh after another's: waiting for some of them left the rest unsettled)."""
+                try:
+                    check(read_outputs(str(output)))
+                except (AssertionError, KeyError):
+                    return False
+                return True
 
-            wait_for(settled, timeout_s=180)
+            with contextlib.suppress(AssertionError):  # (not in time: the check below says what differs)
+                wait_for(settled, timeout_s=180)
             time.sleep(3)  # the last global refreshes and a checkpoint
         finally:
             kill_group(second)
