@@ -2,11 +2,13 @@
 
 `LocalPipeline` parses lines, keys them by agent and runs the stages of flink_memory.topology through the
 activation driver the Flink shell uses (flink_memory.stages.driver), carrying out effects as the shell does
-(flink_memory.stages.runner). `answer(request)` answers each call at once (a ChatResult, or an exception to
-hold as the call's error); a key is woken again until nothing is left in flight, and time jumps to the next
-deadline only when asked (`advance`). Faults are not counted: an error of ours (or of a drill,
-`job.inject_failure`, applied around each core as the shell does) is raised to the caller as it is. For tests,
-notebooks and tools that want the pipeline's decisions in milliseconds.
+(flink_memory.stages.runner) and ending the input as it does (`Driver.end_of_input`). `answer(request)` answers
+each call at once (a ChatResult, or an exception to hold as the call's error); a key is woken again until
+nothing is left in flight, and time jumps to the next deadline only when asked (`advance`) or when the end of
+input waits out a backoff. What the stages emit is kept per channel, as the typed messages they emitted.
+Faults are not counted: an error of ours (or of a drill, `job.inject_failure`, applied around each core as the
+shell does) is raised to the caller as it is. For tests, notebooks and tools that want the pipeline's decisions
+in milliseconds.
 
     pipeline = LocalPipeline(config, answer).feed(*records).end()
     pipeline.current("agent-0")   # the agent's latest global summary, as written to summaries/
@@ -21,16 +23,17 @@ from typing import Any
 
 from flink_memory.config import Config
 from flink_memory.memory_log import LogEntry, UnitRows
-from flink_memory.records import DeadLetter, parse_line
+from flink_memory.records import ChunkManifest, DeadLetter, parse_line
 from flink_memory.requests import ChatRequest, ChatResult, RequestFactory
-from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG, Effects, Finished
+from flink_memory.stages.calls import Effects, Finished
+from flink_memory.stages.channels import DEAD_LETTERS, MANIFESTS, MEMORY_LOG, Channel
 from flink_memory.stages.drills import StageDrill
-from flink_memory.stages.driver import Driver
-from flink_memory.stages.messages import END, StageMessage
+from flink_memory.stages.driver import END_ROUNDS, Driver, Waits
+from flink_memory.stages.messages import StageMessage
 from flink_memory.stages.protocol import StageCore
-from flink_memory.stages.runner import DEAD_LETTERS, carry_out
+from flink_memory.stages.runner import carry_out
 from flink_memory.state import MemoryState, Migration, StateTransaction
-from flink_memory.topology import STAGES
+from flink_memory.topology import CHANNELS, STAGES, StageSpec
 
 Answer = Callable[[ChatRequest], ChatResult]
 
@@ -44,11 +47,16 @@ class LocalStage:
     state: MemoryState = field(default_factory=MemoryState)
     migration: Migration | None = None
     drill: StageDrill | None = None  # job.inject_failure, around the core (stages.drills)
+    ran: set[str] = field(default_factory=set)  # keys it ran (as the shell arms each key's end-of-input rounds)
 
     def __post_init__(self) -> None:
         if self.drill is not None:
             self.core = self.drill.around(self.core)
         self.driver = Driver(self.core, self.name, migration=self.migration)
+
+    def keys(self) -> list[str]:
+        """The keys whose input can end here: the ones it ran and the ones with state (e.g. restored)."""
+        return sorted(self.ran | {k for k, _ in self.state.values} | {k for k, _ in self.state.maps})
 
     def run(self, key: str, call: Callable[[StateTransaction], Effects]) -> Effects:
         """Any call on the key's state (e.g. a core's `evict`), committed when it returns."""
@@ -60,6 +68,7 @@ class LocalStage:
         if self.drill is not None:
             self.drill.before(key, message)
         self.state.current_key = key
+        self.ran.add(key)
         effects = self.driver.activate(self.state, key, message, finished, now_ms)
         if self.drill is not None:
             self.drill.results(effects)
@@ -69,8 +78,8 @@ class LocalStage:
 class _StageRunner:
     """The runner of one stage's activations (flink_memory.stages.runner.Runner) in a LocalPipeline."""
 
-    def __init__(self, pipeline: LocalPipeline, index: int) -> None:
-        self.pipeline, self.index = pipeline, index
+    def __init__(self, pipeline: LocalPipeline, index: int, spec: StageSpec) -> None:
+        self.pipeline, self.index, self.spec = pipeline, index, spec
 
     def start(self, requests: list[ChatRequest]) -> None:
         pipeline = self.pipeline
@@ -103,19 +112,12 @@ class _StageRunner:
         else:
             pipeline.summaries.append(json.loads(message.model_dump_json()))  # (as the job writes them)
 
-    def emit(self, key: str, channel: str, payload: str) -> None:
-        pipeline = self.pipeline
-        if channel == DEAD_LETTERS:
-            pipeline.dead_letters.append(DeadLetter.model_validate_json(payload))
-        elif channel == MANIFESTS:
-            pipeline.manifests.append(json.loads(payload))
-        elif channel == MEMORY_LOG:
-            entry = LogEntry.model_validate_json(payload)
-            pipeline.log.append(entry)
-            if entry.units is not None:
-                pipeline.rows.append(entry.units)
-        else:
-            raise ValueError(f"stage {pipeline.stages[self.index].name} sent on an unknown channel {channel!r}")
+    def emit(self, key: str, channel: Channel[Any], message: Any) -> None:
+        if channel not in self.spec.channels:  # (in Flink, a side output nobody reads: lost)
+            raise ValueError(f"stage {self.spec.name} emitted on {channel.name!r}, which its StageSpec does not name")
+        self.pipeline.emitted[channel.name].append(message)
+        if isinstance(message, LogEntry) and message.units is not None:
+            self.pipeline.rows.append(message.units)
 
 
 class LocalPipeline:
@@ -128,14 +130,17 @@ class LocalPipeline:
         self.finished: dict[str, ChatResult | BaseException] = {}
         self.sent: list[ChatRequest] = []
         self.summaries: list[dict[str, Any]] = []
-        self.manifests: list[dict[str, Any]] = []
-        self.dead_letters: list[DeadLetter] = []
+        # what the stages (and the parser: dead letters) emitted, per channel, in the order emitted
+        self.emitted: dict[str, list[Any]] = {channel.name: [] for channel in CHANNELS}
         self.rows: list[UnitRows] = []  # the unit rows of the memory log, in the order they were logged
-        self.log: list[LogEntry] = []  # the memory log, in the order it was written
         self.stages = [LocalStage(spec.name, spec.core(config, self.factory, bounded=bounded),
                                   migration=spec.migration, drill=StageDrill(config.job.inject_failure, spec.name))
                        for spec in STAGES]
-        self._runners = [_StageRunner(self, index) for index in range(len(self.stages))]
+        self._runners = [_StageRunner(self, index, spec) for index, spec in enumerate(STAGES)]
+        # how the end of input waits here: calls are answered when started, and a backoff moves the fake clock
+        self.last_effects = Effects()  # (of the last activation)
+        self._waits = Waits(wait=lambda digests, timeout_s: None, sleep=self._sleep, now_ms=lambda: self.now,
+                            max_s=float("inf"))
         self.deadlines: dict[tuple[int, str], int] = {}  # work: backoffs, timeouts, refreshes
         self.sweeps: dict[tuple[int, str], int] = {}  # housekeeping: sealing old state
         self.waiting: set[tuple[int, str]] = set()
@@ -172,27 +177,58 @@ class LocalPipeline:
         return self.settle()
 
     def end(self) -> LocalPipeline:
-        """The end of a bounded input: each stage finishes each agent, then tells the next stage. (Calls are
-        answered at once here, so `settle` does what the driver's end-of-input rounds do in the shell.)"""
+        """The end of a bounded input, run by the rules the shell runs it by (`Driver.end_of_input`): each stage
+        runs the end-of-input rounds on every key it ran, and a key that is done tells the next stage. Here the
+        stages take turns: the next one gets its END messages once this one's rounds are over and nothing is
+        left in flight or scheduled (every key woken again, backoffs jumped to), then runs its own rounds."""
+        told: list[str] = []
         for index, stage in enumerate(self.stages):
-            keys = {k for k, _ in stage.state.values} | {k for k, _ in stage.state.maps}
-            for key in sorted(keys):
-                self._deliver(index, key, END)
-            while self.settle().deadlines:  # backoffs: jump to them
+            ended = [key for key in told if self._end(index, key, 0)]  # (END from the stage before: round 0)
+            for round_ in range(END_ROUNDS):
+                ended += [key for key in stage.keys() if self._end(index, key, round_)]
+            while self.settle().deadlines:
                 self.advance(max(0, (min(self.deadlines.values()) - self.now) / 1000) + 0.001)
+            told = ended
         return self
 
     # --- the runner ----------------------------------------------------------------------------------
 
     def _deliver(self, index: int, key: str, message: StageMessage | None = None) -> None:
         """A message (END: the end of input) or a wake-up (None) for one stage's key, its effects carried out."""
-        carry_out(self._runners[index], key, self.stages[index].activate(key, message, self.finished, self.now))
+        self.last_effects = self.stages[index].activate(key, message, self.finished, self.now)
+        carry_out(self._runners[index], key, self.last_effects)
+
+    def _end(self, index: int, key: str, round_: int) -> bool:
+        """Round `round_` of the key's end of input at one stage; whether the key is done (END to the next)."""
+
+        def activate(message: StageMessage | None) -> Effects:
+            self._deliver(index, key, message)
+            return self.last_effects
+
+        return self.stages[index].driver.end_of_input(key, round_, activate, self._waits) and index + 1 < len(
+            self.stages)
+
+    def _sleep(self, seconds: float) -> None:
+        self.now += round(seconds * 1000)
 
     def _activate(self, index: int, key: str, call: Callable[[StateTransaction], Effects]) -> None:
         """Any call on a stage's state for one key, its effects carried out (e.g. a core's `evict`)."""
         carry_out(self._runners[index], key, self.stages[index].run(key, call))
 
     # --- reading -------------------------------------------------------------------------------------
+
+    @property
+    def dead_letters(self) -> list[DeadLetter]:
+        return self.emitted[DEAD_LETTERS.name]
+
+    @property
+    def manifests(self) -> list[ChunkManifest]:
+        return self.emitted[MANIFESTS.name]
+
+    @property
+    def log(self) -> list[LogEntry]:
+        """The memory log, in the order it was written."""
+        return self.emitted[MEMORY_LOG.name]
 
     def nodes(self, kind: str) -> list[dict[str, Any]]:
         return [n for n in self.summaries if n["kind"] == kind]

@@ -15,7 +15,6 @@ forgotten agent leave the store the same way. A unit sealed by `memory.editable_
 
 from __future__ import annotations
 
-import json
 from typing import Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -97,6 +96,9 @@ class Snapshot(BaseModel):
     nodes: list[SummaryNode] = Field(default_factory=list)
 
 
+_BODY = ("base", "snapshot", "node", "units")  # (what one entry holds: LogEntry.line)
+
+
 class LogEntry(BaseModel):
     """One line of the memory log (`<output>/memory/`): the `seq`-th entry of the agent's log `by` one writer
     in one branch of one history, a node, unit rows, or the branch's first entry (`base`: where the log stood
@@ -116,21 +118,23 @@ class LogEntry(BaseModel):
     node: SummaryNode | None = None
     units: UnitRows | None = None
 
+    def line(self) -> str:
+        """The entry as one line of the log: a node's or unit rows' entry leaves out its empty fields, a branch's
+        first entry writes them all (the logs written so far are so, byte for byte)."""
+        if self.base is not None:
+            return self.model_dump_json()
+        return self.model_dump_json(exclude={name for name in _BODY if getattr(self, name) is None})
+
 
 NO_LINEAGE = Lineage()  # (a log written before histories)
 
 
-def log_line(by: Writer, agent_id: str, seq: int, field: Literal["node", "units"], line: str,
-             lineage: Lineage = NO_LINEAGE) -> str:
-    """A LogEntry's JSON around a node's or UnitRows' JSON, without parsing it again."""
-    return (f'{{"by":"{by}","agent_id":{json.dumps(agent_id, ensure_ascii=False)},"seq":{seq},'
-            f'"history":"{lineage.history}","branch":"{lineage.branch}","{field}":{line}}}')
-
-
-def fork_line(by: Writer, agent_id: str, seq: int, lineage: Lineage, base: Base, snapshot: Snapshot) -> str:
-    """The first entry of a branch's log of an agent."""
+def log_entry(by: Writer, agent_id: str, seq: int, lineage: Lineage = NO_LINEAGE, *, node: SummaryNode | None = None,
+              units: UnitRows | None = None, base: Base | None = None, snapshot: Snapshot | None = None) -> LogEntry:
+    """The `seq`-th entry of the agent's log `by` one writer, in `lineage`: a node, unit rows, or (with `base`
+    and `snapshot`) the first entry of a branch."""
     return LogEntry(by=by, agent_id=agent_id, seq=seq, history=lineage.history, branch=lineage.branch, base=base,
-                    snapshot=snapshot).model_dump_json()
+                    snapshot=snapshot, node=node, units=units)
 
 
 def accepted(unit: MemoryUnit) -> UnitRows:

@@ -1,32 +1,29 @@
 """The pipeline as data: its keyed stages in order, each with its core, operator, state migration and channels.
 
-The Flink wiring (flink_memory.flink.pipeline), the in-memory runner (flink_memory.local), the check of a
-drill's stage (`job.inject_failure`) and the driver (given each stage's migration) all read `STAGES`: adding a
-stage is one entry here and its core. A stage takes the messages of the one before (the first: parsed input
-records, keyed by agent; flink_memory.stages.messages) and sends its messages to the next (the last: summary
-nodes out of the job); besides these and dead letters, a stage may emit on side channels (`CHANNELS`), which
-the job unions across the stages that declare them.
+The Flink wiring (flink_memory.flink.pipeline), its sinks, the in-memory runner (flink_memory.local), the check
+of a drill's stage (`job.inject_failure`) and the driver (given each stage's migration) all read `STAGES`:
+adding a stage is one entry here and its core. A stage takes the messages of the one before (the first: parsed
+input records, keyed by agent; flink_memory.stages.messages) and sends its messages to the next (the last:
+summary nodes out of the job); besides these, it emits typed messages on the side channels its spec names
+(flink_memory.stages.channels: dead letters, manifests, the memory log), which the job unions across the stages
+that name them (`CHANNELS`) and writes to one output each.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
-from flink_memory import migrations
+from flink_memory import budgets, migrations
 from flink_memory.config import Config, ConfigError
 from flink_memory.stages.batcher import BatcherCore
-from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG
+from flink_memory.stages.channels import DEAD_LETTERS, MANIFESTS, MEMORY_LOG, Channel
 from flink_memory.stages.drills import CALL_DRILL
 from flink_memory.stages.merger import MergerCore
 from flink_memory.stages.planner import PlannerCore
 from flink_memory.stages.protocol import CoreFactory
 from flink_memory.state import Migration
 
-# What the side channels carry, by name: each is an output of the job
-CHANNELS = {
-    MANIFESTS: "chunk manifests (text-free plans of the conversations cut into units)",
-    MEMORY_LOG: "the store's log: every node and unit-row message, numbered per agent and writer",
-}
 # The operator that reads the input, before the keyed stages: its Flink-counted numRecordsIn is the records read
 PARSE_OPERATOR = "parse-validate"
 
@@ -42,7 +39,8 @@ class StageSpec:
     uid: str
     core: CoreFactory
     migration: Migration | None = None  # how state of an older layout (release 0.1.0) becomes the current one
-    channels: tuple[str, ...] = ()  # the side channels it emits on (CHANNELS)
+    channels: tuple[Channel[Any], ...] = (DEAD_LETTERS,)  # the side channels it emits on (stages.channels)
+    rebased: bool = False  # a restore's Rebase messages (the agents the store holds) enter the job here
 
     def uid_for(self, execution_mode: str) -> str:
         """PyFlink keeps keyed state in another layout in thread mode than in process mode, so a checkpoint
@@ -53,12 +51,15 @@ class StageSpec:
 
 STAGES: tuple[StageSpec, ...] = (
     StageSpec("planner", "chunk-planner", "flink-memory-chunk-planner", PlannerCore, migrations.PLANNER,
-              channels=(MANIFESTS,)),
+              channels=(MANIFESTS, DEAD_LETTERS)),
     StageSpec("batcher", "batch-summaries", "flink-memory-batcher", BatcherCore, migrations.BATCHER,
-              channels=(MEMORY_LOG,)),
+              channels=(DEAD_LETTERS, MEMORY_LOG), rebased=True),  # (the batcher tells the merger)
     StageSpec("merger", "hierarchical-merger", "flink-memory-merger", MergerCore, migrations.MERGER,
-              channels=(MEMORY_LOG,)),
+              channels=(DEAD_LETTERS, MEMORY_LOG)),
 )
+# Every channel of the job, once, in the order the stages name them: the order its outputs are wired in (a new
+# channel goes last, so the operators wired before it keep their place). The parser emits dead letters too.
+CHANNELS: tuple[Channel[Any], ...] = tuple(dict.fromkeys([*(c for s in STAGES for c in s.channels), DEAD_LETTERS]))
 
 
 def stage_named(name: str) -> StageSpec:
@@ -66,6 +67,13 @@ def stage_named(name: str) -> StageSpec:
         if spec.name == name:
             return spec
     raise KeyError(f"no stage {name!r} (stages: {', '.join(s.name for s in STAGES)})")
+
+
+def check(config: Config) -> None:
+    """What a job of this topology refuses before it is built (ConfigError): a drill that names no stage, and a
+    window too small for the other settings (flink_memory.budgets)."""
+    check_drill(config)
+    budgets.check(config)
 
 
 def check_drill(config: Config) -> None:

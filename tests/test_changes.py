@@ -63,10 +63,10 @@ def test_a_grown_and_edited_conversation_is_planned_again_in_full():
     (first,) = pipeline.manifests
     pipeline.feed(conversation("a", "x", 14, edit=(2, "[x] turn 2: the budget is now 61 EUR"))).end()
     update = pipeline.manifests[-1]
-    assert update["replaces_input_digest"] == first["input_digest"]
-    assert "planned again in full" in update["replace_reason"]
+    assert update.replaces_input_digest == first.input_digest
+    assert "planned again in full" in update.replace_reason
     units = live_units(pipeline, "a")
-    assert units == Counter(["m1"] + [f"conv-x#{k}" for k in range(len(update["chunks"]))])
+    assert units == Counter(["m1"] + [f"conv-x#{k}" for k in range(len(update.chunks))])
     text = live_text(pipeline, "a")
     assert "budget is now 61 EUR" in text and "[x] turn 2: we discuss" not in text and "[x] turn 13" in text
 

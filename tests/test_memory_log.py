@@ -4,8 +4,8 @@ or forgotten; a sealed unit stays. On the stage cores (tests/stagekit.py) and on
 import pytest
 from stagekit import Pipeline, cfg, keeping_answer, live
 
-from flink_memory.memory_log import LogEntry, UnitRows
-from flink_memory.stages.calls import MEMORY_LOG
+from flink_memory.memory_log import UnitRows
+from flink_memory.stages.channels import MEMORY_LOG
 from flink_memory.store import open_store
 
 
@@ -56,7 +56,7 @@ def test_a_sealed_unit_stays_searchable_and_an_evicted_one_leaves():
     batcher = pipeline.stages[1]
     effects = batcher.run("a", lambda st: batcher.core.evict(st, "internal error"))
     assert [d.record_id for d in effects.dead_letters] == ["m5"]
-    logged = map(LogEntry.model_validate_json, effects.side.get(MEMORY_LOG, []))
+    logged = effects.side.get(MEMORY_LOG, [])
     pipeline.rows.extend(e.units for e in logged if e.units)
     assert set(pipeline.stored_units("a")) == {"m0", "m1", "m2"}
 

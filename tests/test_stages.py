@@ -64,7 +64,7 @@ def test_units_leave_in_input_order_behind_a_conversation_being_planned():
     assert [c for c in batch["children"] if c.startswith("conv-x#")] == [
         f"conv-x#{k}" for k in range(len(batch["children"]) - 2)]
     (manifest,) = pipeline.manifests
-    assert manifest["method"] == "semantic" and calls.count("plan") == 1
+    assert manifest.method == "semantic" and calls.count("plan") == 1
 
 
 def test_a_duplicate_is_a_dead_letter_and_a_stored_plan_is_reused_without_a_call():
@@ -76,15 +76,15 @@ def test_a_duplicate_is_a_dead_letter_and_a_stored_plan_is_reused_without_a_call
     same_text = dict(conversation("a", "x"), id="conv-copy")  # same exchanges under another id: plan reused
     pipeline.feed(same_text).end()
     assert pipeline.calls("plan") == plans
-    assert [m["method"] for m in pipeline.manifests] == ["semantic", "semantic"]
+    assert [m.method for m in pipeline.manifests] == ["semantic", "semantic"]
 
 
 def test_invalid_planner_output_falls_back_to_fixed_chunks_with_the_reason():
     pipeline = Pipeline(cfg(*PLANNED), lambda r: summary_answer(r) if r.kind != "plan" else summary_answer(r))
     pipeline.feed(conversation("a", "x")).end()
     (manifest,) = pipeline.manifests
-    assert manifest["method"] == "fallback" and "invalid planner output" in manifest["reason"]
-    assert len(pipeline.batch_units()["a"]) == len(manifest["chunks"])
+    assert manifest.method == "fallback" and "invalid planner output" in manifest.reason
+    assert len(pipeline.batch_units()["a"]) == len(manifest.chunks)
 
 
 def test_under_raise_a_failing_planner_dead_letters_the_record_and_a_resend_is_planned_again():
@@ -102,7 +102,7 @@ def test_under_raise_a_failing_planner_dead_letters_the_record_and_a_resend_is_p
     failing["on"] = False
     pipeline.feed(conversation("a", "x")).end()  # sent again: planned, not "already accepted"
     assert len(pipeline.dead_letters) == 1
-    assert [m["method"] for m in pipeline.manifests] == ["semantic"]
+    assert [m.method for m in pipeline.manifests] == ["semantic"]
     assert "m1" in pipeline.batch_units()["a"]
 
 

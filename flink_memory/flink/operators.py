@@ -27,10 +27,11 @@ from flink_memory.llm.runtime import acquire_runtime, release_runtime
 from flink_memory.records import DeadLetter, InputRecord, parse_line
 from flink_memory.requests import ChatRequest
 from flink_memory.stages.calls import Effects
+from flink_memory.stages.channels import DEAD_LETTERS, Channel
 from flink_memory.stages.drills import StageDrill
 from flink_memory.stages.driver import END_ROUNDS, Driver, Waits
 from flink_memory.stages.messages import END, EndOfInput, StageMessage, from_wire, kind_of, to_wire
-from flink_memory.stages.runner import DEAD_LETTERS, carry_out
+from flink_memory.stages.runner import carry_out
 from flink_memory.topology import StageSpec
 
 log = logging.getLogger(__name__)
@@ -47,11 +48,12 @@ _FAULTS: Counter[str] = Counter()  # faults seen by this interpreter, when no jo
 CHATTY_LOGGERS = ("openai", "httpx", "httpx2", "httpcore", "httpcore2", "urllib3")
 
 
-def output_tag(channel: str) -> OutputTag:
-    """The side output of a channel (dead letters, or one of flink_memory.topology.CHANNELS), one per name."""
-    if channel not in _TAGS:
-        _TAGS[channel] = OutputTag(channel, Types.STRING())
-    return _TAGS[channel]
+def output_tag(channel: Channel[Any]) -> OutputTag:
+    """The side output of a channel (flink_memory.topology.CHANNELS), one per name: its messages as the lines
+    the channel writes (`Channel.dump`), Flink's type system carrying strings."""
+    if channel.name not in _TAGS:
+        _TAGS[channel.name] = OutputTag(channel.name, Types.STRING())
+    return _TAGS[channel.name]
 
 
 DEAD_LETTER_TAG = output_tag(DEAD_LETTERS)
@@ -99,7 +101,7 @@ class ParseRecords(ProcessFunction):
         record = self.parse(value)
         if isinstance(record, DeadLetter):
             self.tally.add("dead_letters")
-            yield DEAD_LETTER_TAG, record.model_dump_json()
+            yield DEAD_LETTER_TAG, DEAD_LETTERS.dump(record)
             return
         yield record.agent_id, kind_of(record), record.model_dump_json()
 
@@ -171,11 +173,12 @@ class StageFunction(KeyedProcessFunction):
             effects = self.driver.unreadable(key, tag, body, exc)  # (only dead letters: the key's calls go on)
             self._account(effects)
             for dead in effects.dead_letters:
-                yield output_tag(DEAD_LETTERS), dead.model_dump_json()
+                yield DEAD_LETTER_TAG, DEAD_LETTERS.dump(dead)
             return
-        effects = self._run(ctx, key, message, outputs)
         if isinstance(message, EndOfInput):  # the stage before has finished this agent's input: so has this one
-            self._tell_next(key, effects, outputs)
+            self._end_of_input(ctx, key, 0, outputs)
+        else:
+            self._run(ctx, key, message, outputs)
         yield from outputs
 
     def on_timer(self, timestamp: int, ctx: KeyedProcessFunction.OnTimerContext):
@@ -191,13 +194,14 @@ class StageFunction(KeyedProcessFunction):
             self._run(ctx, key, None, outputs)
             yield from outputs
             return
-        effects = self.driver.end_round(END_TIMERS.index(timestamp),
-                                        lambda message: self._run(ctx, key, message, outputs), self.waits)
-        self._tell_next(key, effects, outputs)
+        self._end_of_input(ctx, key, END_TIMERS.index(timestamp), outputs)
         yield from outputs
 
-    def _tell_next(self, key: str, effects: Effects, outputs: list[Any]) -> None:
-        if self.keyed_output and self.driver.tell_next(key, effects):
+    def _end_of_input(self, ctx: Any, key: str, round_: int, outputs: list[Any]) -> None:
+        """One round of the key's end of input (stages.driver), and END on to the next stage once it is done."""
+        done = self.driver.end_of_input(key, round_, lambda message: self._run(ctx, key, message, outputs),
+                                        self.waits)
+        if done and self.keyed_output:
             outputs.append((key, *to_wire(END)))
 
     def _run(self, ctx: Any, key: str, message: StageMessage | None, outputs: list[Any]) -> Effects:
@@ -233,8 +237,8 @@ class StageFunction(KeyedProcessFunction):
     def send(self, key: str, message: StageMessage) -> None:
         self.outputs.append((key, *to_wire(message)) if self.keyed_output else message.model_dump_json())
 
-    def emit(self, key: str, channel: str, payload: str) -> None:
-        self.outputs.append((output_tag(channel), payload))
+    def emit(self, key: str, channel: Channel[Any], message: Any) -> None:
+        self.outputs.append((output_tag(channel), channel.dump(message)))
 
     # --- waiting at the end of input -----------------------------------------------------------------
 

@@ -25,29 +25,28 @@ from pyflink.datastream.connectors.file_system import (
     StreamFormat,
 )
 
-from flink_memory import budgets, history
+from flink_memory import history
 from flink_memory.config import Config, ConfigError
-from flink_memory.flink.operators import DEAD_LETTER_TAG, KEYED, ParseRecords, StageFunction, output_tag
+from flink_memory.flink.operators import KEYED, ParseRecords, StageFunction, output_tag
 from flink_memory.flink.store_sink import STORE_SINK_UID, add_store_sink
 from flink_memory.flink.streams import MemoryStreams
 from flink_memory.kafka import is_kafka, parse_kafka_url
-from flink_memory.stages.calls import MANIFESTS, MEMORY_LOG
-from flink_memory.topology import PARSE_OPERATOR, STAGES, check_drill
+from flink_memory.stages.channels import DEAD_LETTERS, Channel
+from flink_memory.stages.messages import Rebase, to_wire
+from flink_memory.topology import CHANNELS, PARSE_OPERATOR, STAGES, check
 
 log = logging.getLogger(__name__)
 
 # Operator uids are part of the savepoint contract: never change them without a migration note. The keyed
-# stages' are in flink_memory.topology (with a "-thread" suffix in thread mode: StageSpec.uid_for).
+# stages' are in flink_memory.topology (with a "-thread" suffix in thread mode: StageSpec.uid_for); each
+# channel's file sink's follows its output (Channel.sink_uid).
 UIDS = {
     "source": "flink-memory-source",
     "parse": "flink-memory-parse",
     "sink_summaries": "flink-memory-sink-summaries",
-    "sink_manifests": "flink-memory-sink-manifests",
-    "sink_dead_letters": "flink-memory-sink-dead-letters",
-    "sink_memory": "flink-memory-sink-memory",
+    **{f"sink_{channel.output.replace('-', '_')}": channel.sink_uid for channel in CHANNELS},
     "sink_store": STORE_SINK_UID,
 }
-OUTPUTS = ("summaries", "manifests", "dead-letters", "memory")
 
 
 def flink_configuration(config: Config, output_dir: str | None, restore: str | None = None,
@@ -168,42 +167,41 @@ def add_memory_operators(stream: DataStream, config: Config, output_dir: str | N
                          rebase: list[str] | None = None) -> MemoryStreams:
     """Add parse, plan, batch and merge to `stream` (JSON strings, dicts or our record models).
 
-    Returns the summary nodes, manifests, dead letters and store rows as DataStreams of JSON strings. The operator
+    Returns the summary nodes, and each channel of the topology (dead letters, manifests, the memory log) as
+    DataStreams of JSON strings. The operator
     uids are fixed (see UIDS), so a job that embeds these operators can restore their state. `bounded`
     (the input ends, e.g. a file read once): partial batches close and globals are made when the input
     ends, not on timeouts; otherwise `batching.flush_after_s` and `summarization.global_refresh_s` apply.
     `parse`: the function that reads `stream`'s elements (e.g. Kafka rows), instead of JSON lines. `rebase`:
     agents whose logs open this job's branch at once (a restore: flink_memory.history.held_agents).
     """
-    budgets.check(config)
-    check_drill(config)
     _check_execution_mode(stream, config)
+    check(config)
     journal = config.journal.model_copy(update={"path": config.journal.location()})
     config = config.model_copy(update={"journal": journal})
     config_json = config.model_dump_json()
     if parse is None:
         stream = stream.map(_to_line, output_type=Types.STRING()).name("memory-to-json").uid("flink-memory-to-json")
     upstream = stream.process(parse or ParseRecords(), output_type=KEYED).name(PARSE_OPERATOR).uid(UIDS["parse"])
-    dead = [upstream.get_side_output(DEAD_LETTER_TAG)]
-    channels: dict[str, list[DataStream]] = {}
+    channels: dict[Channel[Any], list[DataStream]] = {DEAD_LETTERS: [upstream.get_side_output(
+        output_tag(DEAD_LETTERS))]}
     for index, spec in enumerate(STAGES):  # (the last stage's records leave the job: JSON alone, not keyed)
         keyed = index + 1 < len(STAGES)
-        if spec.name == "batcher" and rebase:  # (the batcher tells the merger)
+        if spec.rebased and rebase:
             touch = stream.get_execution_environment().from_collection(
-                [(agent, "rebase", "{}") for agent in rebase], type_info=KEYED)
+                [(agent, *to_wire(Rebase())) for agent in rebase], type_info=KEYED)
             upstream = upstream.union(touch.name("rebase-agents").uid("flink-memory-rebase"))
         function = StageFunction(spec, config_json, output_dir, bounded, keyed_output=keyed)
         upstream = (upstream.key_by(lambda r: r[0], key_type=Types.STRING())
                     .process(function, output_type=KEYED if keyed else Types.STRING())
                     .name(spec.operator).uid(spec.uid_for(config.job.execution_mode)))
-        dead.append(upstream.get_side_output(DEAD_LETTER_TAG))
         for channel in spec.channels:
             channels.setdefault(channel, []).append(upstream.get_side_output(output_tag(channel)))
-    return MemoryStreams(upstream, _union(channels[MANIFESTS]), _union(dead), _union(channels[MEMORY_LOG]))
+    return MemoryStreams(upstream, {c.name: _union(channels[c]) for c in CHANNELS if c in channels})
 
 
-def _union(streams: list[DataStream]) -> DataStream | None:
-    return streams[0].union(*streams[1:]) if streams else None
+def _union(streams: list[DataStream]) -> DataStream:
+    return streams[0].union(*streams[1:]) if len(streams) > 1 else streams[0]
 
 
 def file_sink(base_path: str, name: str) -> FileSink:
@@ -218,13 +216,12 @@ def file_sink(base_path: str, name: str) -> FileSink:
 
 
 def add_file_sinks(streams: MemoryStreams, output_dir: str) -> None:
-    """summaries/, manifests/, dead-letters/ and memory/ (the store's log) under `output_dir`, exactly once."""
+    """summaries/ and one folder per channel (manifests/, dead-letters/, memory/: the store's log) under
+    `output_dir`, exactly once."""
     root = output_dir if "://" in output_dir else str(Path(output_dir).resolve())
-    for name, stream in (("summaries", streams.summaries), ("manifests", streams.manifests),
-                         ("dead-letters", streams.dead_letters), ("memory", streams.memory_log)):
-        if stream is None:
-            continue
-        uid = UIDS[f"sink_{name.replace('-', '_')}"]
+    outputs = [("summaries", streams.summaries, UIDS["sink_summaries"])]
+    outputs += [(c.output, stream, c.sink_uid) for c in CHANNELS if (stream := streams.channel(c)) is not None]
+    for name, stream, uid in outputs:
         stream.sink_to(file_sink(f"{root}/{name}", name)).name(f"sink-{name}").uid(uid)
 
 

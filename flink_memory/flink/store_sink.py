@@ -24,6 +24,7 @@ from flink_memory.config import EmbeddingsConfig
 from flink_memory.embeddings import embedder_for
 from flink_memory.flink.metrics import Tally
 from flink_memory.memory_log import LogEntry
+from flink_memory.stages.channels import MEMORY_LOG
 from flink_memory.store import MemoryStore, open_store
 from flink_memory.store.backfill import VectorBackfill
 from flink_memory.store.lag import CommitWatch, overdue_message
@@ -123,7 +124,7 @@ class WriteProvisional(ProcessFunction):
 
     def process_element(self, value: Any, ctx: ProcessFunction.Context) -> None:
         assert self.writer is not None
-        entry = LogEntry.model_validate_json(value)
+        entry = MEMORY_LOG.load(value)
         if entry.units is not None:  # (a node waits for its commit)
             self.writer.submit(entry.units)
         if self.watcher is not None and self.tally is not None:
@@ -157,7 +158,8 @@ def add_store_sink(streams: MemoryStreams, url: str, embeddings: EmbeddingsConfi
     path or postgresql:// URL), embedded with `embeddings` (None: no vectors); with `warn_after_s`, log when
     no applier has taken a commit for that long; `branch`: the job's (config.job.branch). Returns the terminal
     operator's (empty) stream; None without a memory log."""
-    if streams.memory_log is None:
+    entries = streams.channel(MEMORY_LOG)
+    if entries is None:
         return None
     function = WriteProvisional(url, embeddings, warn_after_s, branch)
-    return streams.memory_log.process(function).name("sink-store").uid(STORE_SINK_UID)
+    return entries.process(function).name("sink-store").uid(STORE_SINK_UID)

@@ -11,11 +11,12 @@ from __future__ import annotations
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
-from flink_memory.memory_log import Lineage, log_line
+from flink_memory.memory_log import Lineage, log_entry
 from flink_memory.records import MemoryUnit, SummaryNode
 from flink_memory.requests import RequestFactory
 from flink_memory.stages.batcher_state import DONE, HOMES, BatcherMeta, DoneBatch
-from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
+from flink_memory.stages.calls import Effects, Finished, Timing, drive
+from flink_memory.stages.channels import MEMORY_LOG
 from flink_memory.state import StateTransaction
 from flink_memory.state import seq_key as _key
 from flink_memory.summarize.reduce import ReduceJob
@@ -58,8 +59,7 @@ class BatchNodes:
         effects.out.append(node)
         if self.logged:
             meta.log_seq += 1
-            effects.emit(MEMORY_LOG, log_line("batcher", node.agent_id, meta.log_seq, "node", node.model_dump_json(),
-                                              lineage_of(meta)))
+            effects.emit(MEMORY_LOG, log_entry("batcher", node.agent_id, meta.log_seq, lineage_of(meta), node=node))
 
 
 class BatchRevisions:

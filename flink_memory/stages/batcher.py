@@ -29,8 +29,7 @@ from flink_memory.memory_log import (
     accepted,
     dropped,
     forgotten,
-    fork_line,
-    log_line,
+    log_entry,
 )
 from flink_memory.records import MemoryUnit
 from flink_memory.requests import RequestFactory
@@ -51,7 +50,8 @@ from flink_memory.stages.batcher_state import (
     StoredUnit,
     UnitHome,
 )
-from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
+from flink_memory.stages.calls import Effects, Finished, Timing, drive
+from flink_memory.stages.channels import MEMORY_LOG
 from flink_memory.stages.messages import ForgetAgent, HoldNodes, Rebase, Retract, StageMessage
 from flink_memory.stages.protocol import Culprit, internal_dead_letter
 from flink_memory.state import StateTransaction
@@ -257,8 +257,8 @@ class BatcherCore:
         held += [(unit, done.live) for _, done in state.items(DONE) for unit in done.units]
         meta.history, meta.branch = meta.history or self.lineage.history, self.lineage.branch
         meta.log_seq += 1
-        effects.emit(MEMORY_LOG, fork_line("batcher", state.key, meta.log_seq, lineage_of(meta), base,
-                                           Snapshot(units=held)))
+        effects.emit(MEMORY_LOG, log_entry("batcher", state.key, meta.log_seq, lineage_of(meta), base=base,
+                                           snapshot=Snapshot(units=held)))
         return effects
 
     def _flush_due(self, buffer: BatchBuffer, meta: BatcherMeta) -> int | None:
@@ -420,8 +420,8 @@ def _log_rows(meta: BatcherMeta, effects: Effects, messages: list[UnitRows]) -> 
     for message in messages:
         meta.log_seq += 1
         numbered = {"seq": meta.log_seq, "history": meta.history, "branch": meta.branch}
-        line = message.model_copy(update=numbered).model_dump_json()
-        effects.emit(MEMORY_LOG, log_line("batcher", message.agent_id, meta.log_seq, "units", line, lineage_of(meta)))
+        effects.emit(MEMORY_LOG, log_entry("batcher", message.agent_id, meta.log_seq, lineage_of(meta),
+                                           units=message.model_copy(update=numbered)))
 
 
 def _drop(meta: BatcherMeta, effects: Effects, units: list[MemoryUnit], reason: str) -> None:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 from flink_memory.records import DeadLetter
 from flink_memory.requests import ChatRequest, ChatResult, ContextOverflow, LLMCallError
+from flink_memory.stages.channels import Channel, M
 from flink_memory.stages.messages import StageMessage
 
 if TYPE_CHECKING:
@@ -22,9 +23,6 @@ if TYPE_CHECKING:
 
 # Results of finished calls by request digest: a ChatResult, or the error the call ended with.
 Finished = Mapping[str, "ChatResult | BaseException"]
-# The side channels a stage may emit on besides its records and dead letters (flink_memory.topology.CHANNELS)
-MANIFESTS = "manifests"
-MEMORY_LOG = "memory-log"
 
 
 class CallJob(Protocol):
@@ -148,7 +146,7 @@ class Effects:
 
     out: list[StageMessage] = field(default_factory=list)  # sent to the next stage (the last's: out of the job)
     dead_letters: list[DeadLetter] = field(default_factory=list)
-    side: dict[str, list[str]] = field(default_factory=dict)  # per side channel (flink_memory.topology.CHANNELS)
+    side: dict[Channel[Any], list[Any]] = field(default_factory=dict)  # per side channel (stages.channels)
     start: list[ChatRequest] = field(default_factory=list)
     waiting: list[ChatRequest] = field(default_factory=list)  # calls in flight this key waits for
     wake_at_ms: int | None = None  # a time-based wake-up for work (backoff, batch timeout, global refresh)
@@ -159,9 +157,9 @@ class Effects:
     rejections: int = 0
     counts: Counter[str] = field(default_factory=Counter)
 
-    def emit(self, channel: str, payload: str) -> None:
-        """Emit `payload` on a side channel the stage declares (its StageSpec's `channels`)."""
-        self.side.setdefault(channel, []).append(payload)
+    def emit(self, channel: Channel[M], message: M) -> None:
+        """Emit `message` on a side channel the stage declares (its StageSpec's `channels`)."""
+        self.side.setdefault(channel, []).append(message)
 
     @property
     def idle(self) -> bool:

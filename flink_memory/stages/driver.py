@@ -10,10 +10,11 @@ it may have been transient); when it comes again, the core evicts the culprit (i
 stage `internal`) and the job goes on. Who counts is injected: the shell counts through the journal, which
 survives restarts, or in a process-wide Counter; without a counter, every exception is raised as it is.
 
-End of input: each key runs END_ROUNDS rounds. Round 0 closes what is open (`on_end`); each middle round
-wakes the key, waits once for its calls and wakes it again (other keys' calls keep running meanwhile); the
-last round drives the key until nothing is in flight or scheduled. A key whose end was seen tells the next
-stage as soon as it is idle, so the next stage's end-of-input work starts while others are still finishing.
+End of input (`end_of_input`, which both runners call): each key runs END_ROUNDS rounds. Round 0 closes what is
+open (`on_end`; it also runs when the stage before says the agent's input ended); each middle round wakes the
+key, waits once for its calls and wakes it again (other keys' calls keep running meanwhile); the last round
+drives the key until nothing is in flight or scheduled. A key whose end was seen tells the next stage as soon as
+it is idle, so the next stage's end-of-input work starts while others are still finishing.
 """
 
 from __future__ import annotations
@@ -147,6 +148,12 @@ class Driver:
         return effects, False
 
     # --- the end of input -----------------------------------------------------------------------------
+
+    def end_of_input(self, key: str, index: int, activate: Callable[[StageMessage | None], Effects],
+                     waits: Waits) -> bool:
+        """Round `index` of the key's end of input (round 0 also for an END from the stage before); `activate`
+        runs the key once and carries out its effects. Returns whether to send END on to the next stage now."""
+        return self.tell_next(key, self.end_round(index, activate, waits))
 
     def end_round(self, index: int, activate: Callable[[StageMessage | None], Effects], waits: Waits) -> Effects:
         """Round `index` (0 to END_ROUNDS - 1) of one key; `activate` runs the key once and carries out its

@@ -20,10 +20,11 @@ from __future__ import annotations
 
 from flink_memory.config import Config
 from flink_memory.ids import NodeId
-from flink_memory.memory_log import Base, Lineage, Snapshot, fork_line, log_line
+from flink_memory.memory_log import Base, Lineage, Snapshot, log_entry
 from flink_memory.records import DeadLetter, SummaryNode
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import MEMORY_LOG, Effects, Finished, Timing, drive
+from flink_memory.stages.calls import Effects, Finished, Timing, drive
+from flink_memory.stages.channels import MEMORY_LOG
 from flink_memory.stages.merger_revisions import TreeRevisions
 from flink_memory.stages.merger_state import (
     GLOBAL,
@@ -221,8 +222,7 @@ class MergerCore:
             lineage = Lineage(history=position.history, branch=position.branch)
             for node in written:
                 position.seq += 1
-                effects.emit(MEMORY_LOG, log_line("merger", state.key, position.seq, "node", node.model_dump_json(),
-                                                  lineage))
+                effects.emit(MEMORY_LOG, log_entry("merger", state.key, position.seq, lineage, node=node))
                 if node.kind == "global" and self.lineage.branch:
                     position.current = node
             state.set(LOG, position)
@@ -241,9 +241,9 @@ class MergerCore:
             held.append(position.current)
         position.history, position.branch = position.history or self.lineage.history, self.lineage.branch
         position.seq += 1
-        effects.emit(MEMORY_LOG, fork_line("merger", state.key, position.seq,
-                                           Lineage(history=position.history, branch=position.branch), base,
-                                           Snapshot(nodes=held if base.seq else [])))
+        effects.emit(MEMORY_LOG, log_entry("merger", state.key, position.seq,
+                                           Lineage(history=position.history, branch=position.branch), base=base,
+                                           snapshot=Snapshot(nodes=held if base.seq else [])))
         state.set(LOG, position)
         return effects
 

@@ -41,7 +41,8 @@ from flink_memory.records import (
     record_from_json,
 )
 from flink_memory.requests import RequestFactory
-from flink_memory.stages.calls import MANIFESTS, Effects, Finished, RecordFault, Timing, drive
+from flink_memory.stages.calls import Effects, Finished, RecordFault, Timing, drive
+from flink_memory.stages.channels import MANIFESTS
 from flink_memory.stages.messages import ForgetAgent, Retract, StageMessage, text_of
 from flink_memory.stages.planner_retention import SourceRetention
 from flink_memory.stages.planner_state import (
@@ -336,7 +337,7 @@ class PlannerCore:
             if previous is not None:
                 manifest = as_update(manifest, previous.digest, "update: the record was sent again with other "
                                                                 "content, so it was planned again in full")
-            effects.emit(MANIFESTS, manifest_json(manifest))
+            effects.emit(MANIFESTS, manifest)
         units = [unit["unit_id"] for unit in routed.units]
         if content is None:  # (the content digest `_accept` compared, when the caller has it)
             content = manifest.input_digest if routed.manifest else item_digest(record)

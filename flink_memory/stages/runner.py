@@ -3,19 +3,19 @@
 
 A runner starts the calls a core asks for, lets the pool forget the results it consumed, wakes the key when its
 calls should be done or its deadline is due, sends the stage's messages to the next stage (the last stage's out
-of the job) and emits the rest on its channel: dead letters, and the side channels of flink_memory.topology.
+of the job) and emits the rest on its channel: dead letters, and the side channels of flink_memory.topology,
+as typed messages (flink_memory.stages.channels: a runner that leaves Python writes each as one line there).
 (The words: a stage *sends* a message to the next stage and *emits* a line on a side channel; docs/architecture.md.)
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Any, Protocol
 
 from flink_memory.requests import ChatRequest
 from flink_memory.stages.calls import Effects
+from flink_memory.stages.channels import DEAD_LETTERS, Channel
 from flink_memory.stages.messages import StageMessage
-
-DEAD_LETTERS = "dead-letters"
 
 
 class Runner(Protocol):
@@ -31,8 +31,8 @@ class Runner(Protocol):
     def send(self, key: str, message: StageMessage) -> None:
         """Send one message of the key to the next stage (the last stage's summary nodes: out of the job)."""
 
-    def emit(self, key: str, channel: str, payload: str) -> None:
-        """Send one output of the key on `channel` (DEAD_LETTERS or a side channel), as JSON text."""
+    def emit(self, key: str, channel: Channel[Any], message: Any) -> None:
+        """Emit one message of the key on `channel` (DEAD_LETTERS or a side channel), as the channel's model."""
 
 
 def carry_out(runner: Runner, key: str, effects: Effects) -> None:
@@ -41,10 +41,10 @@ def carry_out(runner: Runner, key: str, effects: Effects) -> None:
     runner.start(effects.start)
     runner.forget(effects.consumed)
     runner.wake(key, effects)
-    for channel, payloads in effects.side.items():
-        for payload in payloads:
-            runner.emit(key, channel, payload)
+    for channel, messages in effects.side.items():
+        for message in messages:
+            runner.emit(key, channel, message)
     for dead in effects.dead_letters:
-        runner.emit(key, DEAD_LETTERS, dead.model_dump_json())
+        runner.emit(key, DEAD_LETTERS, dead)
     for message in effects.out:
         runner.send(key, message)
