@@ -17,7 +17,7 @@ from flink_memory.embeddings.api import Embedder, EmbeddingError
 
 MODEL = "all-minilm-l6-v2"
 MAX_TOKENS = 256  # (the model's max_seq_length: sentence-transformers truncates there)
-# Texts per session run: a run pads its texts to the longest, so short calls waste less on padding
+# Texts per session run (texts of similar length go together: a run pads its texts to the longest)
 ENGINE_BATCH = 16
 
 
@@ -44,19 +44,21 @@ class MiniLM(Embedder):
         self.dim = 384
         self.name = f"{MODEL}:onnx-int8:mean"
 
-    def _run(self, texts: list[str]) -> np.ndarray:
-        encodings = self._tokenizer.encode_batch(texts)
-        width = max(len(e.ids) for e in encodings)
-        ids = np.zeros((len(texts), width), dtype=np.int64)
-        mask = np.zeros((len(texts), width), dtype=np.int64)
-        for row, encoding in enumerate(encodings):
-            ids[row, :len(encoding.ids)] = encoding.ids
-            mask[row, :len(encoding.ids)] = 1
-        (hidden,) = self._session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask,
-                                                              "token_type_ids": np.zeros_like(ids)})
-        weights = mask[:, :, None].astype(np.float32)
-        return (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
-
     def _embed(self, texts: list[str], query: bool) -> np.ndarray:
-        parts = [self._run(texts[i:i + ENGINE_BATCH]) for i in range(0, len(texts), ENGINE_BATCH)]
-        return np.concatenate(parts) if parts else np.zeros((0, self.dim), dtype=np.float32)
+        """Runs of ENGINE_BATCH texts of similar length (sorted by tokens: a run pads to its longest)."""
+        encodings = self._tokenizer.encode_batch(texts)
+        order = sorted(range(len(texts)), key=lambda i: len(encodings[i].ids))
+        out = np.zeros((len(texts), self.dim), dtype=np.float32)
+        for start in range(0, len(order), ENGINE_BATCH):
+            run = order[start:start + ENGINE_BATCH]
+            width = max(len(encodings[i].ids) for i in run)
+            ids = np.zeros((len(run), width), dtype=np.int64)
+            mask = np.zeros((len(run), width), dtype=np.int64)
+            for row, i in enumerate(run):
+                ids[row, :len(encodings[i].ids)] = encodings[i].ids
+                mask[row, :len(encodings[i].ids)] = 1
+            (hidden,) = self._session.run(["last_hidden_state"], {"input_ids": ids, "attention_mask": mask,
+                                                                  "token_type_ids": np.zeros_like(ids)})
+            weights = mask[:, :, None].astype(np.float32)  # (mean pooling over the text's own tokens)
+            out[run] = (hidden * weights).sum(axis=1) / np.maximum(weights.sum(axis=1), 1.0)
+        return out
