@@ -156,3 +156,26 @@ def test_the_small_transformer_without_its_extra_says_what_to_install(monkeypatc
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     with pytest.raises(EmbeddingError, match=r"all-minilm-l6-v2 needs onnxruntime .*flink-memory\[minilm\]"):
         embedder_for(load_config(overrides=["embeddings.model=all-minilm-l6-v2"]).embeddings)
+
+
+def test_a_store_of_the_small_transformer_finds_a_fact_asked_in_other_words(tmp_path):
+    """all-minilm-l6-v2 in a SQLite store: the rows get its vectors, the store records the model, and recall by
+    vector puts first the fact that shares no content word with the question (the static table puts first a
+    note that shares one)."""
+    from flink_memory.records import MemoryUnit
+    from flink_memory.store import open_store
+
+    model = embedder_for(load_config(overrides=["embeddings.model=all-minilm-l6-v2"]).embeddings)
+    notes = ["Priya's tomatoes keep getting eaten by slugs every night.",
+             "Priya asked which night train leaves for the coast.",
+             "Priya waters the plants on her balcony on Sundays.",
+             "Priya keeps getting the garden gate stuck.", "Priya paid the plumber 80 EUR on Monday."]
+    units = [MemoryUnit(agent_id="a", unit_id=f"u{i}", source_id=f"u{i}", text=t, ts="2026-01-01T00:00:00Z")
+             for i, t in enumerate(notes)]
+    with open_store(str(tmp_path / "memory.sqlite"), create=True, embedder=model) as store:
+        store.upsert_units(units)
+        store.embed_pending(["a"])
+        assert store.vector_counts() == (5, 5)
+        assert store.embedding_model() == "all-minilm-l6-v2:onnx-int8:mean"
+        hits = store.recall("a", "What pest is damaging Priya's vegetable plants?", k=5, mode="vector")
+        assert [h.text for h in hits[:1]] == notes[:1] and len(hits) == 5
