@@ -141,7 +141,7 @@ class LogWriter:
         store's provisional writes are then of `attempt`."""
         sql = self.connection.sql
         self.writer_attempt = attempt
-        agents = sorted(row[0] for row in self.connection.fetch(sql(VOID_AGENTS), (branch, attempt)))
+        agents = sorted(row[0] for row in self.connection.query(VOID_AGENTS, (branch, attempt)))
         voids = (VOID_HIDDEN, VOID_PENDING, VOID_DELETES)
         self.connection.commit(agents, [(sql(void), (branch, attempt)) for void in (SET_ATTEMPT, *voids)])
 
@@ -152,7 +152,7 @@ class LogWriter:
 
     def log_positions(self, agent_id: str) -> Positions:
         """Where the agent's logs stand: their branches and last seqs, and the history they belong to."""
-        rows = self.connection.fetch(self.connection.sql(POSITION), (agent_id,))
+        rows = self.connection.query(POSITION, (agent_id,))
         if not rows:
             return Positions()
         merger, batcher, merger_branch, batcher_branch, history = rows[0]
@@ -160,7 +160,7 @@ class LogWriter:
 
     def history(self) -> str | None:
         """The history of the job this store follows (flink_memory.history), None before one claimed it."""
-        rows = self.connection.fetch(self.connection.sql(META_VALUE), ("history",))
+        rows = self.connection.query(META_VALUE, ("history",))
         return str(rows[0][0]) if rows else None
 
     def claim_history(self, history: str) -> None:
@@ -247,7 +247,7 @@ class LogWriter:
         statements: Statements = [(sql(RECORD_BRANCH), (agent, by, entry.branch, base.branch, base.seq))]
         if (base.branch, base.seq) == stored:
             return statements
-        branches = self.connection.fetch(sql(BRANCHES_OF), (agent, by))
+        branches = self.connection.query(BRANCHES_OF, (agent, by))
         known = {branch: (parent, int(seq)) for branch, parent, seq in branches}
         chain, branch = [(base.branch, base.seq)], base.branch
         while branch in known and len(chain) <= len(known):

@@ -55,7 +55,7 @@ COMMON_LEXEMES = (
 TERM_LEXEMES = "ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t)))"  # a term t's lexemes
 LEXEMES = f"SELECT t, {TERM_LEXEMES} FROM unnest(%s::text[]) t"
 # what a recall reads as it starts, in one round trip: the model's record, the agent's generation and the
-# lexemes of the question's terms not yet known (flink_memory.store.recall.StoreRecall._recall_facts)
+# lexemes of the question's terms not yet known (PostgresSearch.facts)
 FACTS = (f"SELECT 'model', key, value, NULL::text[] FROM {META} WHERE {MODEL_KEYS} "
          f"UNION ALL SELECT 'generation', NULL, generation::text, NULL::text[] FROM {GENERATIONS} WHERE agent_id = %s "
          f"UNION ALL SELECT 'term', t, NULL, {TERM_LEXEMES} FROM unnest(%s::text[]) t")

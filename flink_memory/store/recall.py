@@ -118,7 +118,7 @@ class Recaller:
         missing = [key for key in sorted(scores, key=lambda key: -scores[key])[:VECTOR_CANDIDATES] if key not in rows]
         if missing:
             sql = f"SELECT {HIT} FROM {NODES} WHERE agent_id = ? AND node_id IN ({', '.join('?' for _ in missing)})"
-            rows.update((row[0], row) for row in self.connection.fetch(self.connection.sql(sql), (agent_id, *missing)))
+            rows.update((row[0], row) for row in self.connection.query(sql, (agent_id, *missing)))
         for key in [key for key, row in rows.items() if row[1] == HIDDEN_KIND]:  # (a deletion shown, not committed)
             del rows[key]
         for key in [key for key in rows if key.startswith(PENDING_PREFIX)]:  # (it stands for the committed row)
@@ -126,9 +126,8 @@ class Recaller:
         if not rows:
             return []
         self.vector_cache = self.vector_cache or VectorCache()
-        sql, fetch = self.connection.sql, self.connection.fetch
-        total = self.vector_cache.rows(agent_id, generation,
-                                       lambda agent: int(fetch(sql(ROWS_OF_AGENT), (agent,))[0][0]))
+        query = self.connection.query
+        total = self.vector_cache.rows(agent_id, generation, lambda agent: int(query(ROWS_OF_AGENT, (agent,))[0][0]))
         candidates = [Candidate(key=key, text=row[4], steps=row[3], cosine=scores.get(key))
                       for key, row in rows.items()]
         weight = self.diversity if diversity is None else diversity
@@ -175,7 +174,7 @@ class Recaller:
         if missing:
             marks = ", ".join("?" for _ in missing)
             sql = f"SELECT node_id, body FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks}) AND kind <> 'unit'"
-            rows = self.connection.fetch(self.connection.sql(sql), (agent_id, *missing))
+            rows = self.connection.query(sql, (agent_id, *missing))
             found = {node_id: json.loads(body)["children"] for node_id, body in rows}
             cached.update({n: found.get(n, []) for n in missing})
         return {n: cached[n] for n in node_ids}
@@ -191,8 +190,8 @@ class Recaller:
         if by_meaning is not None:
             return by_meaning
         self.vector_cache = self.vector_cache or VectorCache()
-        sql, fetch = self.connection.sql, self.connection.fetch
-        vectors = self.vector_cache.vectors(agent_id, generation, lambda agent: fetch(sql(VECTORS_OF_AGENT), (agent,)))
+        query = self.connection.query
+        vectors = self.vector_cache.vectors(agent_id, generation, lambda agent: query(VECTORS_OF_AGENT, (agent,)))
 
         def search() -> tuple[Any, list[int]]:
             vector = question()

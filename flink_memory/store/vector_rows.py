@@ -70,7 +70,7 @@ class VectorRows:
 
     def model(self) -> dict[str, str]:
         """The store's record of its vectors' model: embedding_model and embedding_dim (none: no vectors yet)."""
-        return dict(self.connection.fetch(self.connection.sql(MODEL), ()))
+        return dict(self.connection.query(MODEL, ()))
 
     def check_model(self, embedder: Embedder, *, record: bool, model: dict[str, str] | None = None) -> bool:
         """True when the store's vectors are of `embedder`'s model (recording it when `record` and none is
@@ -131,7 +131,7 @@ class VectorRows:
             return 0
         sql, done = self.connection.sql, 0
         for agent in agents:
-            rows = self.connection.fetch(sql(UNEMBEDDED), (agent,))
+            rows = self.connection.query(UNEMBEDDED, (agent,))
             if not rows:
                 continue
             vectors = self.embedder.passages([text for _, text, _ in rows])

@@ -101,7 +101,7 @@ class StoreWriter:
         for agent, keys in by_agent.items():
             sql = (f"SELECT node_id, digest FROM {NODES} WHERE agent_id = ? AND node_id IN "
                    f"({', '.join('?' for _ in keys)}) AND vector IS NOT NULL")
-            for key, digest in self.connection.fetch(self.connection.sql(sql), (agent, *keys)):
+            for key, digest in self.connection.query(sql, (agent, *keys)):
                 found.add((agent, key.split(":", 1)[1], digest))
         return found
 
