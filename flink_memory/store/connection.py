@@ -7,10 +7,11 @@ what they cache) and the store's meta values. The other parts take it in their c
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any
 
 from flink_memory.records import SummaryNode
-from flink_memory.store.rules import StoreError, StoreNotFound
+from flink_memory.store.rules import PositionConflict, StoreError, StoreNotFound
 from flink_memory.store.schema import BUMP, GENERATION, META_VALUE, SCHEMA, SCHEMA_VERSION
 
 Statements = list[tuple[str, tuple[Any, ...]]]
@@ -34,6 +35,17 @@ class StoreConnection(ABC):
 
     @abstractmethod
     def close(self) -> None: ...
+
+    def _checked(self, execute: Callable[[str, tuple[Any, ...]], Any], statements: Statements,
+                 checks: Checks | None) -> None:
+        """A write's body, inside its transaction (`execute` runs a statement there): each check's query must
+        return its rows exactly (else PositionConflict, and the transaction rolls back), then the statements."""
+        for sql, params, expected in checks or ():
+            found = [tuple(row) for row in execute(sql, params).fetchall()]
+            if found != expected:
+                raise PositionConflict(f"{self.location}: {params} is at {found}, not {expected}")
+        for sql, params in statements:
+            execute(sql, params)
 
     def commit(self, agents: list[str], statements: Statements, checks: Checks | None = None) -> None:
         """`write`, and the agents' generations move on (readers reload their cached vectors)."""

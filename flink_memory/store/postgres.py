@@ -20,7 +20,7 @@ from flink_memory.meanwhile import meanwhile
 from flink_memory.store import pgvector
 from flink_memory.store.connection import Checks, Statements, StoreConnection
 from flink_memory.store.recall import VECTOR_CANDIDATES, ByMeaning
-from flink_memory.store.rules import PositionConflict, StoreError, tsquery_term
+from flink_memory.store.rules import StoreError, tsquery_term
 from flink_memory.store.schema import (
     ADDED_LOG_COLUMNS,
     BUCKET,
@@ -227,12 +227,7 @@ class PostgresStoreConnection(StoreConnection):
             with conn.transaction():
                 for agent in agents:  # sorted: two writers of the same agents take the locks in one order
                     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agent,))
-                for sql, params, expected in checks or ():
-                    found = [tuple(row) for row in conn.execute(sql, params).fetchall()]
-                    if found != expected:
-                        raise PositionConflict(f"{self.location}: {params} is at {found}, not {expected}")
-                for sql, params in statements:
-                    conn.execute(sql, params)
+                self._checked(conn.execute, statements, checks)
 
         self._db.run(write)
 
@@ -276,7 +271,7 @@ class PostgresSearch:
         self._sizes: dict[str, tuple[int, float]] = {}  # agent -> (its rows up to EXACT_BELOW, when counted)
 
     def matching(self, agent_id: str, terms: list[str], limit: int, *,
-                  question: Any | None = None) -> list[tuple[Any, ...]]:
+                 question: Any | None = None) -> list[tuple[Any, ...]]:
         """The agent's rows holding a rare term of the question (in under RARE_SHARE of the table's rows, by
         PostgreSQL's statistics of the tsvector column), ranked by ts_rank_cd over all the terms; then, up to
         `limit`, rows holding its common terms, the best of COMMON_RANKED per row wanted. Bounded so (at most

@@ -11,7 +11,7 @@ from typing import Any
 
 from flink_memory.databases import sqlite_connect, sqlite_path
 from flink_memory.store.connection import Checks, Statements, StoreConnection
-from flink_memory.store.rules import PositionConflict, StoreError, StoreNotFound, fts5_query
+from flink_memory.store.rules import StoreError, StoreNotFound, fts5_query
 from flink_memory.store.schema import (
     ADDED,
     ADDED_LOG_COLUMNS,
@@ -76,8 +76,8 @@ def sqlite_store(location: str, *, create: bool = False) -> MemoryStore:
 
 
 class SqliteConnection(StoreConnection):
-    """One SQLite connection, used by one thread at a time; every transaction is `transaction`'s. A writer holds
-    the file's write lock (BEGIN IMMEDIATE) for one write call."""
+    """One SQLite connection, shared by threads one at a time (its lock); every transaction is `transaction`'s.
+    A writer holds the file's write lock (BEGIN IMMEDIATE) for one write call."""
 
     missing_table = (sqlite3.OperationalError,)
 
@@ -149,12 +149,7 @@ class SqliteConnection(StoreConnection):
 
     def write(self, agents: list[str], statements: Statements, checks: Checks | None = None) -> None:
         with self.transaction() as db:
-            for sql, params, expected in checks or ():
-                found = [tuple(row) for row in db.execute(sql, params).fetchall()]
-                if found != expected:
-                    raise PositionConflict(f"{self.location}: {params} is at {found}, not {expected}")
-            for sql, params in statements:
-                db.execute(sql, params)
+            self._checked(db.execute, statements, checks)
 
     def close(self) -> None:
         with self._lock:
