@@ -90,7 +90,7 @@ def build(location: str, args: argparse.Namespace,
     keys: list[str] = []  # agent-0's rows and their vectors, for the exact search quality is measured against
     matrices: list[np.ndarray] = []
     with (open_store(location, create=True) if not args.existing else Unwritten()) as store:
-        store._check_model(embedder, record=True)  # the model and dimension (on PostgreSQL: the HNSW index)
+        store.vectors.check_model(embedder, record=True)  # the model and dimension (on PostgreSQL: the HNSW index)
         if args.bulk and not args.existing:
             drop_index(store)
         for agent, count in plan:
@@ -109,8 +109,9 @@ def build(location: str, args: argparse.Namespace,
                 if agent == "agent-0":
                     matrices.append(matrix)
                 started = time.perf_counter()
-                store._write([agent], [(store._sql(SET_VECTOR), (store._vector_value(v), agent, f"unit:{u.unit_id}",
-                                                                 text_digest(u.text))) for u, v in zip(units, matrix)])
+                sql, value = store.connection.sql(SET_VECTOR), store.vectors.column.value
+                store.connection.write([agent], [(sql, (value(v), agent, f"unit:{u.unit_id}", text_digest(u.text)))
+                                                 for u, v in zip(units, matrix)])
                 vector_s += time.perf_counter() - started
                 rows += len(units)
             print(f"  {agent}: {count} rows ({rows:.0f} in all, {rows / (write_s + vector_s):.0f} rows/s)",
@@ -131,7 +132,10 @@ class Unwritten:
         pass
 
     def __getattr__(self, name: str) -> Any:
-        return lambda *args, **kwargs: None
+        return self  # (any part's any method: does nothing)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
 
 
 def unit_vectors(rng: np.random.Generator, n: int, basis: np.ndarray, kind: str) -> np.ndarray:
@@ -150,18 +154,18 @@ def drop_index(store: Any) -> None:
     """(--bulk) No HNSW index while the rows go in: it is built after, as for a store converted from bytes."""
     from flink_memory.store.pgvector import BUCKETS, INDEX
 
-    if getattr(store, "vectors", None) is not None and store.vectors.extension:
-        store._db.run(lambda conn: [conn.execute(f"DROP INDEX IF EXISTS {INDEX}_{b}") for b in range(BUCKETS)])
+    if getattr(store.connection, "vector_kind", None) is not None and store.connection.vector_kind.extension:
+        store.connection.run(lambda conn: [conn.execute(f"DROP INDEX IF EXISTS {INDEX}_{b}") for b in range(BUCKETS)])
 
 
 def index(store: Any, dim: int) -> float:
     """(--bulk) Build the HNSW index over the loaded vectors; its seconds."""
     from flink_memory.store import pgvector
 
-    if getattr(store, "vectors", None) is None or not store.vectors.extension:
+    if getattr(store.connection, "vector_kind", None) is None or not store.connection.vector_kind.extension:
         return 0.0
     started = time.perf_counter()
-    store._db.run(lambda conn: pgvector.create_index(conn, dim))
+    store.connection.run(lambda conn: pgvector.create_index(conn, dim))
     print(f"  HNSW index built in {time.perf_counter() - started:.0f} s", file=sys.stderr, flush=True)
     return time.perf_counter() - started
 

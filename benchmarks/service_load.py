@@ -111,8 +111,8 @@ def postgres_pid(url: str) -> int | None:
 def sample_texts(location: str, n: int) -> list[str]:
     """Texts of `n` of the agent's units, spread over the agent's rows (read only)."""
     with open_store(location) as store:
-        rows = store._fetch(store._sql(f"SELECT text FROM {NODES} WHERE agent_id = ? AND kind = 'unit' "
-                                       "ORDER BY node_id"), (AGENT,))
+        rows = store.connection.query(f"SELECT text FROM {NODES} WHERE agent_id = ? AND kind = 'unit' "
+                                     "ORDER BY node_id", (AGENT,))
     step = max(1, len(rows) // n)
     return [row[0] for row in rows[::step]][:n]
 

@@ -170,7 +170,7 @@ def embeddings_case(workdir: Path, args: argparse.Namespace) -> dict[str, Any]:
                                            "embeddings.provider=embedded", *model_settings(args))
         check_coverage(outputs, len(records), "embeddings")
         with open_store(str(workdir / f"on-{pair}" / "out" / "memory.sqlite")) as store:
-            rows, embedded = store._fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
+            rows, embedded = store.connection.fetch(f"SELECT COUNT(*), COUNT(vector) FROM {NODES}", ())[0]
         pairs.append((off_s, on_s))
         missing.append(rows - embedded)
         print(f"  pair {pair + 1}: off {off_s:.2f} s, on {on_s:.2f} s = {on_s / off_s:.3f}x; {embedded} of {rows} "

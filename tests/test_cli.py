@@ -65,8 +65,9 @@ def test_embed_gives_a_vector_to_every_row_a_run_left_without_one(tmp_path, caps
     # bob: a unit, a batch and a global node
     assert capsys.readouterr().out.startswith("embedded 3 rows of 1 agents with ")
     with open_store(store) as opened:
-        assert opened._fetch(f"SELECT COUNT(*) - COUNT(vector) FROM {NODES} WHERE agent_id = 'bob'", ()) == [(0,)]
-        assert opened._fetch(f"SELECT COUNT(vector) FROM {NODES} WHERE agent_id = 'alice'", ()) == [(0,)]
+        fetch = opened.connection.fetch
+        assert fetch(f"SELECT COUNT(*) - COUNT(vector) FROM {NODES} WHERE agent_id = 'bob'", ()) == [(0,)]
+        assert fetch(f"SELECT COUNT(vector) FROM {NODES} WHERE agent_id = 'alice'", ()) == [(0,)]
     assert main(["embed", "--store", store]) == 0
     assert capsys.readouterr().out.startswith("embedded 4 rows of 2 agents")  # alice's now; bob's are not redone
     assert vectors_line(store) == "  vectors                 : 7 of 7 store rows"

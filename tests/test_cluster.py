@@ -235,6 +235,7 @@ def test_taskmanager_killed_the_postgresql_store_equals_the_committed_live_view(
             assert all(c in covering for _, c in units)  # committed rows, each covered by a live batch node
         assert not store.recall("agent-1", "4711", mode="keyword")
         assert "5822" in store.recall("agent-1", "What did Zorbatin pay for the boat?", k=1)[0].text
-        rows = store._fetch(f"SELECT kind, count(*) FROM {NODES} WHERE pending_seq IS NOT NULL GROUP BY kind", ())
+        rows = store.connection.fetch(f"SELECT kind, count(*) FROM {NODES} WHERE pending_seq IS NOT NULL "
+                                      "GROUP BY kind", ())
         assert rows == []  # every provisional row and hidden unit of either attempt was confirmed or removed
-        assert store._fetch("SELECT count(*) FROM flink_memory_pending_deletes", ()) == [(0,)]
+        assert store.connection.fetch("SELECT count(*) FROM flink_memory_pending_deletes", ()) == [(0,)]

@@ -54,8 +54,9 @@ def test_a_row_count_is_counted_again_only_when_the_generation_moves():
 def test_recall_counts_the_agents_rows_once_per_generation(tmp_path):
     with open_store(str(tmp_path / "m.sqlite"), create=True) as store:
         store.upsert_units([unit("u1", "a boat at dawn"), unit("u2", "a harbour")])
-        fetch, counts = store._fetch, []
-        store._fetch = lambda sql, params: (counts.append(sql) if sql == ROWS_OF_AGENT else None) or fetch(sql, params)
+        fetch, counts = store.connection.fetch, []
+        store.connection.fetch = lambda sql, params: (counts.append(sql) if sql == ROWS_OF_AGENT else None) or fetch(
+            sql, params)
         for _ in range(3):
             assert [h.node_id for h in store.recall("a", "boat", mode="keyword")] == ["u1"]
         store.upsert_units([unit("u3", "another boat")])
@@ -84,7 +85,7 @@ def test_an_embedding_error_reaches_the_caller_and_a_search_error_waits_for_the_
         def broken(*_args, **_kwargs):
             raise RuntimeError("the index is broken")
 
-        store._matching = broken
+        store.search.matching = broken
         with pytest.raises(RuntimeError, match="the index is broken"):
             store.recall("a", "the boat", mode="hybrid")
         assert not slow.running and slow.embedded == 1

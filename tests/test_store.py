@@ -413,7 +413,7 @@ def test_openers_of_a_new_sqlite_store_at_once_all_open_it(tmp_path):
     the restart sent the batch requests made before it again)."""
     import threading
 
-    from flink_memory.store.sqlite import SqliteStore
+    from flink_memory.store.sqlite import sqlite_store
 
     errors = []
     for trial in range(20):
@@ -423,7 +423,7 @@ def test_openers_of_a_new_sqlite_store_at_once_all_open_it(tmp_path):
         def opener(path=path, barrier=barrier):
             barrier.wait()
             try:
-                SqliteStore(str(path), create=True).close()
+                sqlite_store(str(path), create=True).close()
             except Exception as exc:  # noqa: BLE001 - any failure is the finding
                 errors.append(repr(exc))
 
@@ -433,3 +433,25 @@ def test_openers_of_a_new_sqlite_store_at_once_all_open_it(tmp_path):
         for thread in threads:
             thread.join()
     assert errors == []
+
+
+def test_the_store_is_composed_of_parts_that_inherit_nothing_from_each_other(tmp_path):
+    """MemoryStore is a face over the parts it holds (a connection, the vectors, a writer, the log part, a reader,
+    recall and the dialect's search), each made with what it needs: no part inherits another, MemoryStore
+    inherits none, and no part holds a method of another or the store that holds it (issue 47)."""
+    import inspect
+
+    from flink_memory.store import MemoryStore, postgres
+
+    assert MemoryStore.__mro__ == (MemoryStore, object)
+    names = ("connection", "vectors", "writer", "log", "reader", "recaller", "search")
+    with open_store(str(tmp_path / "m.sqlite"), create=True) as store:
+        parts = {name: getattr(store, name) for name in names}
+        for name, part in parts.items():
+            others = [type(other) for other in parts.values() if other is not part]
+            assert not any(isinstance(part, other) for other in others), name
+            assert all(value is not store and not inspect.ismethod(value) for value in vars(part).values()), name
+        assert parts["writer"].connection is parts["log"].connection is parts["recaller"].connection
+    dialect = (postgres.PostgresStoreConnection, postgres.PostgresSearch, postgres.PgvectorColumn)
+    assert not any(issubclass(part, other) for part in dialect for other in dialect if other is not part)
+    assert all(MemoryStore not in part.__mro__ for part in dialect)

@@ -51,7 +51,7 @@ def test_the_agent_token_is_what_sqlite_computes():
 def test_each_agent_recalls_its_own_rows_only(tmp_path):
     with open_store(str(tmp_path / "m.sqlite"), create=True) as store:
         write(store)
-        assert store._per_agent
+        assert store.connection.per_agent
         found = recalled(store)
         store.delete_units("abed", ["u1"])
         after = store.recall("abed", "boat dawn", k=5, mode="keyword")
@@ -76,9 +76,9 @@ def test_a_text_only_index_is_read_as_before_and_migrated_by_a_writer(tmp_path):
         db.execute(statement)
     db.close()
     with open_store(path, create=False) as reader:  # opened before any writer of this release
-        assert not reader._per_agent
+        assert not reader.connection.per_agent
         with open_store(path, create=True) as writer:
-            assert writer._per_agent  # migrated (empty), then written through the new triggers
+            assert writer.connection.per_agent  # migrated (empty), then written through the new triggers
             write(writer)
             expected = recalled(writer)
         assert recalled(reader) == expected  # the old query still reads the migrated index
@@ -91,12 +91,12 @@ def test_a_text_only_index_is_read_as_before_and_migrated_by_a_writer(tmp_path):
     db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
     db.close()
     with open_store(path) as old:
-        assert not old._per_agent
+        assert not old.connection.per_agent
         assert recalled(old) == expected
     with open_store(path, create=True) as migrated:
-        assert migrated._per_agent
+        assert migrated.connection.per_agent
         assert recalled(migrated) == expected
-        assert migrated._fetch(f"INSERT INTO {FTS} ({FTS}) VALUES ('integrity-check')", ()) == []
+        assert migrated.connection.fetch(f"INSERT INTO {FTS} ({FTS}) VALUES ('integrity-check')", ()) == []
 
 
 def test_a_match_over_the_limit_keeps_the_rows_holding_rarer_and_more_terms_then_the_newest(tmp_path):
@@ -109,7 +109,7 @@ def test_a_match_over_the_limit_keeps_the_rows_holding_rarer_and_more_terms_then
         store.upsert_units([unit("b", f"x{i}", "rare scarce common extra") for i in range(10)])  # another agent
 
         def keys(question, limit):
-            return [row[0].removeprefix("unit:") for row in store._matching("a", query_terms(question), limit)]
+            return [row[0].removeprefix("unit:") for row in store.search.matching("a", query_terms(question), limit)]
 
         assert sorted(keys("rare scarce", 5)) == ["r1", "r2", "s1"]  # at most `limit`: every match
         # rare (2 rows) and scarce (1 row) are under the limit, common (26) and extra (15) over it: the rows

@@ -67,17 +67,18 @@ def unit(agent, uid, text):
 
 def column_and_index(store):
     """The vector column's type, and whether each bucket has its HNSW index."""
-    kind = store._fetch("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
-                        "AND attname = 'vector'", (NODES,))[0][0]
-    indexes = store._fetch("SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%hnsw%%'",
-                           (NODES,))[0][0]
+    fetch = store.connection.fetch
+    kind = fetch("SELECT format_type(atttypid, atttypmod) FROM pg_attribute WHERE attrelid = %s::regclass "
+                 "AND attname = 'vector'", (NODES,))[0][0]
+    indexes = fetch("SELECT count(*) FROM pg_indexes WHERE tablename = %s AND indexdef LIKE '%%hnsw%%'",
+                    (NODES,))[0][0]
     assert indexes in (0, pgvector.BUCKETS)
     return kind, indexes == pgvector.BUCKETS
 
 
 def test_vectors_are_pgvectors_with_an_hnsw_index_once_the_model_is_known(pgvector_url):
     with open_store(pgvector_url, create=True) as store:
-        assert column_and_index(store) == ("vector", False) and store.vectors.extension
+        assert column_and_index(store) == ("vector", False) and store.connection.vector_kind.extension
         store.upsert_units([unit("a", "m1", "Rex is a beagle.")])  # no embedder: no model, no index yet
     with open_store(pgvector_url, create=True, embedder=Hashed()) as store:
         store.upsert_units([unit("a", "m2", "Rent is 900 EUR.")])
@@ -90,7 +91,7 @@ def test_vectors_are_pgvectors_with_an_hnsw_index_once_the_model_is_known(pgvect
                 sql = pgvector.NEAREST.format(dim=64, bucket=bucket)
                 return bucket, str(conn.execute(f"EXPLAIN {sql}", (str([0.125] * 64), "a", 5)).fetchall())
 
-        bucket, explained = store._db.run(plan)
+        bucket, explained = store.connection.run(plan)
         assert f"{INDEX}_{bucket} " in explained  # the agent's bucket's index serves recall's query
     with open_store(pgvector_url, create=True, embedder=Hashed()) as again:  # a writer of a store with its index
         assert column_and_index(again) == ("vector", True)
@@ -101,7 +102,7 @@ def test_a_user_who_may_not_create_the_extension_keeps_bytes_and_searches_exactl
     with caplog.at_level(logging.WARNING, logger="flink_memory.store.pgvector"):
         store = open_store(url, create=True, embedder=Hashed())
     with store:
-        assert column_and_index(store) == ("bytea", False) and not store.vectors.extension
+        assert column_and_index(store) == ("bytea", False) and not store.connection.vector_kind.extension
         store.upsert_units([unit("a", "m1", "Rex is a beagle."), unit("a", "m2", "Rent is 900 EUR.")])
         assert store.recall("a", "beagle", mode="vector", k=1)[0].node_id == "m1"
         store.embedder = Inline()  # (its question's vector is known before the keyword search: still bytes here)
@@ -119,16 +120,17 @@ def test_a_store_written_as_bytes_is_converted_by_a_writer_who_may_create_the_ex
         ["boats", "rent", "beagles", "tea", "Lisbon", "kayaks"] * 3, ["Alice", "Bob", "Carol"] * 6))]
     with open_store(plain, create=True, embedder=Hashed()) as store:
         store.upsert_units([unit("a", f"m{i}", t) for i, t in enumerate(texts)])
-        before = {key: from_bytes(bytes(v)) for key, v in store._fetch(f"SELECT node_id, vector FROM {NODES}", ())}
+        rows = store.connection.fetch(f"SELECT node_id, vector FROM {NODES}", ())
+        before = {key: from_bytes(bytes(v)) for key, v in rows}
         hits = [h.node_id for h in store.recall("a", "Carol beagles", mode="vector")]
     with open_store(as_superuser(plain), create=True, embedder=Hashed()) as store:
         assert column_and_index(store) == ("vector", True)
         after = {key: np.array(v[1:-1].split(","), dtype=np.float32)
-                 for key, v in store._fetch(f"SELECT node_id, vector FROM {NODES}", ())}
+                 for key, v in store.connection.fetch(f"SELECT node_id, vector FROM {NODES}", ())}
         assert before.keys() == after.keys() and all(np.array_equal(before[k], after[k]) for k in before)
         assert [h.node_id for h in store.recall("a", "Carol beagles", mode="vector")] == hits
     with open_store(plain, embedder=Hashed()) as reader:  # its owner reads it with the extension now
-        assert reader.vectors.extension
+        assert reader.connection.vector_kind.extension
         assert [h.node_id for h in reader.recall("a", "Carol beagles", mode="vector")] == hits
 
 
@@ -181,8 +183,8 @@ def test_postgres_keyword_candidates_take_the_rare_terms_matches_first(postgres_
     units += [unit("b", f"m{i}", "the user " + " ".join(rng.choices(vocabulary, k=6))) for i in range(500)]
     with open_store(url, create=True) as store:
         store.upsert_units(units)
-        store._db.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
-        found = [row[0] for row in store._matching("a", ["user", "zorblat"], 10)]
+        store.connection.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
+        found = [row[0] for row in store.search.matching("a", ["user", "zorblat"], 10)]
         assert sorted(found[:3]) == ["unit:z0", "unit:z1", "unit:z2"] and len(found) == 10
         assert store.recall("a", "user zorblat", k=3, mode="keyword")[0].node_id.startswith("z")
 
@@ -197,10 +199,10 @@ def test_terms_remembered_as_common_or_rare_survive_the_memory_being_emptied(pos
     units = [unit("a", f"m{i}", f"the user owns item {i}") for i in range(300)]
     with open_store(url, create=True) as store:
         store.upsert_units(units)
-        store._db.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
-        assert store._common_terms(["user", "zorblat", "owns"]) == {"user", "owns"}
-        assert store._common_terms(["user", "quux"]) == {"user"}
-        assert store._common_terms(["owns", "user"]) == {"user", "owns"}
+        store.connection.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
+        assert store.search._common_terms(["user", "zorblat", "owns"]) == {"user", "owns"}
+        assert store.search._common_terms(["user", "quux"]) == {"user"}
+        assert store.search._common_terms(["owns", "user"]) == {"user", "owns"}
 
 
 def test_the_planner_knows_an_agents_rows_are_in_its_bucket_also_in_a_store_written_before(postgres_url):
@@ -214,18 +216,18 @@ def test_the_planner_knows_an_agents_rows_are_in_its_bucket_also_in_a_store_writ
     units += [unit(f"o{j}", f"m{i}", f"item {i}") for j in range(40) for i in range(25)]
     with open_store(url, create=True) as store:
         store.upsert_units(units)
-        store._db.run(lambda conn: conn.execute(f"DROP STATISTICS {postgres.BUCKET_STATISTICS}"))
-        store._db.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
+        store.connection.run(lambda conn: conn.execute(f"DROP STATISTICS {postgres.BUCKET_STATISTICS}"))
+        store.connection.run(lambda conn: conn.execute(f"ANALYZE {NODES}"))
 
     def estimate(store):
-        bucket = store._bucket_of("big")
-        plan = store._fetch(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {NODES} WHERE agent_id = 'big' AND "
+        bucket = store.search._bucket_of("big")
+        plan = store.connection.fetch(f"EXPLAIN (FORMAT JSON) SELECT 1 FROM {NODES} WHERE agent_id = 'big' AND "
                             f"(hashtext(agent_id) & 31) = {bucket}", ())[0][0]
         return plan[0]["Plan"]["Plan Rows"]
 
     with open_store(url) as reader:
         assert estimate(reader) < 300  # (what the planner guessed without them)
-        assert float(reader._fetch("SHOW random_page_cost", ())[0][0]) <= postgres.RANDOM_PAGE_COST
+        assert float(reader.connection.fetch("SHOW random_page_cost", ())[0][0]) <= postgres.RANDOM_PAGE_COST
     with open_store(url, create=True):
         pass
     with open_store(url) as reader:

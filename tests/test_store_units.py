@@ -70,7 +70,7 @@ def as_vector(stored):
 
 
 def rows_and_vectors(store):
-    rows = store._fetch(store._sql(f"SELECT text, body, vector FROM {NODES}"), ())
+    rows = store.connection.query(f"SELECT text, body, vector FROM {NODES}", ())
     return [(text, body, as_vector(v)) for text, body, v in rows]
 
 
@@ -191,7 +191,7 @@ def test_rows_written_without_waiting_get_their_vectors_from_the_backfill(locati
             store.upsert_units([unit(f"m{k}", f"Alice paid {k} EUR.", agent=f"a{k % 2}")])
             vectors.name([f"a{k % 2}"])
         vectors.close(timeout_s=60)
-        rows = store._fetch(store._sql(f"SELECT text, vector FROM {NODES}"), ())
+        rows = store.connection.query(f"SELECT text, vector FROM {NODES}", ())
     assert len(rows) == 10 and all(vector is not None for _, vector in rows)
     assert vectors.embedded == 10 and vectors.lag == 0
 
@@ -232,9 +232,9 @@ def test_a_reader_keeps_an_agents_vectors_until_a_write_moves_its_generation(exa
         store.upsert_units([unit("m1", "Rex is a beagle."), unit("m2", "Rent is 900 EUR.")])
         with open_store(exact_location, embedder=Hashed()) as reader:
             assert reader.recall("a", "beagle", mode="vector")[0].node_id == "m1"
-            loaded = reader._vector_cache._agents["a"]
+            loaded = reader.recaller.vector_cache._agents["a"]
             assert reader.recall("a", "rent", mode="vector")[0].node_id == "m2"
-            assert reader._vector_cache._agents["a"] is loaded  # not read again
+            assert reader.recaller.vector_cache._agents["a"] is loaded  # not read again
             store.upsert_units([unit("m3", "Carol owns a kayak.")])
             assert reader.recall("a", "kayak", mode="vector")[0].node_id == "m3"
             store.delete_units("a", ["m3"])

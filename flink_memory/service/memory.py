@@ -251,7 +251,7 @@ class MemoryService:
         """The store's facts about the agent: rows, vectors and their model, the log positions applied."""
         with self._agent(grant, agent_id) as store:
             rows, embedded = store.agent_vectors(agent_id)
-            model = store._model()
+            model = store.vectors.model()
             merger, batcher = store.log_position(agent_id)
         dim = model.get("embedding_dim")
         return AgentStore(agent_id=agent_id, rows=rows, rows_with_vectors=embedded,

@@ -93,7 +93,7 @@ class StorePool:
                     slot.append(None)
                     event.set()
             raise
-        store._vector_cache = self.vectors  # the matrices of every store of the pool (MemoryStore._cosines)
+        store.recaller.vector_cache = self.vectors  # the matrices of every store of the pool
         return store
 
     def _take(self) -> MemoryStore:

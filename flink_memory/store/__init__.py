@@ -35,12 +35,12 @@ def open_store(location: str, *, create: bool = False, embedder: Embedder | None
     their rows and recall ranks by meaning too."""
     store: MemoryStore
     if is_postgres(location):
-        from flink_memory.store.postgres import PostgresStore
+        from flink_memory.store.postgres import postgres_store
 
-        store = PostgresStore(location, create=create)
+        store = postgres_store(location, create=create)
     else:
-        from flink_memory.store.sqlite import SqliteStore
+        from flink_memory.store.sqlite import sqlite_store
 
-        store = SqliteStore(location, create=create)
+        store = sqlite_store(location, create=create)
     store.embedder = embedder
     return store

@@ -13,13 +13,14 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 from flink_memory.databases import PostgresConnection, redact_url
 from flink_memory.meanwhile import meanwhile
 from flink_memory.store import pgvector
-from flink_memory.store.recall import VECTOR_CANDIDATES
-from flink_memory.store.rules import PositionConflict, StoreError, tsquery_term
+from flink_memory.store.connection import Checks, Statements, StoreConnection
+from flink_memory.store.recall import VECTOR_CANDIDATES, ByMeaning
+from flink_memory.store.rules import StoreError, tsquery_term
 from flink_memory.store.schema import (
     ADDED_LOG_COLUMNS,
     BUCKET,
@@ -38,9 +39,7 @@ from flink_memory.store.schema import (
     REPLACED,
 )
 from flink_memory.store.sql import MemoryStore
-
-if TYPE_CHECKING:
-    from flink_memory.embeddings import Embedder
+from flink_memory.store.vector_rows import BytesColumn, VectorRows
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -56,7 +55,7 @@ COMMON_LEXEMES = (
 TERM_LEXEMES = "ARRAY(SELECT lexeme FROM unnest(to_tsvector('english', t)))"  # a term t's lexemes
 LEXEMES = f"SELECT t, {TERM_LEXEMES} FROM unnest(%s::text[]) t"
 # what a recall reads as it starts, in one round trip: the model's record, the agent's generation and the
-# lexemes of the question's terms not yet known (flink_memory.store.recall.StoreRecall._recall_facts)
+# lexemes of the question's terms not yet known (PostgresSearch.facts)
 FACTS = (f"SELECT 'model', key, value, NULL::text[] FROM {META} WHERE {MODEL_KEYS} "
          f"UNION ALL SELECT 'generation', NULL, generation::text, NULL::text[] FROM {GENERATIONS} WHERE agent_id = %s "
          f"UNION ALL SELECT 'term', t, NULL, {TERM_LEXEMES} FROM unnest(%s::text[]) t")
@@ -118,11 +117,16 @@ def _bucket_statistics(conn: Any, location: str) -> None:
         conn.execute(f"ANALYZE {NODES}")
 
 
-class PostgresStore(MemoryStore):
-    """Full text by a stored `english` tsvector column (GIN index), which finds the candidates (rare terms
-    first); vectors by
-    pgvector's HNSW index, or (without the extension) as bytea searched exactly per agent. Writers lock per
-    agent (advisory locks)."""
+def postgres_store(url: str, *, create: bool = False) -> MemoryStore:
+    """The store in the PostgreSQL database at `url` (`create`: the tables too, when missing)."""
+    connection = PostgresStoreConnection(url, create=create)
+    column = PgvectorColumn(connection) if connection.vector_kind.extension else BytesColumn()
+    return MemoryStore(connection, VectorRows(connection, column), PostgresSearch(connection))
+
+
+class PostgresStoreConnection(StoreConnection):
+    """One autocommit connection (flink_memory.databases.PostgresConnection); a write is one transaction holding
+    each agent's advisory lock, a change of the schema or its indexes one holding the schema's (`LOCK_ID`)."""
 
     placeholder = "%s"
     LOCK_ID = 0x666D7374  # advisory lock of schema creation (per-agent writes lock on the agent's hash)
@@ -132,17 +136,11 @@ class PostgresStore(MemoryStore):
         self._db = PostgresConnection(url, setting="store.url", application_name="flink-memory store",
                                       setup=lambda conn: conn.execute(PLAN_FOR_MEMORY))
         self.missing_table = (self._db.psycopg.errors.UndefinedTable,)
-        self._indexed = False  # the HNSW index is known to exist
-        self._search_db: PostgresConnection | None = None  # (recall's search by meaning, opened at its first)
-        self._lexemes: dict[str, tuple[str, ...]] = {}  # term -> its lexemes (to_tsvector's)
-        self._common: tuple[frozenset[str], float] = (frozenset(), -TERMS_KNOWN_S)  # common lexemes, when read
-        self._buckets: dict[str, int] = {}  # agent -> its bucket
-        self._sizes: dict[str, tuple[int, float]] = {}  # agent -> (its rows up to EXACT_BELOW, when counted)
         try:
             if create:
-                self._db.run(self._create_schema)
-            self._check_schema()
-            self.vectors: pgvector.Vectors = self._db.run(pgvector.Vectors.of_store)
+                self.change_schema(self._create_schema)
+            self.check_schema()
+            self.vector_kind: pgvector.Vectors = self._db.run(pgvector.Vectors.of_store)  # pgvector or bytea
         except self._db.psycopg.OperationalError as exc:
             self._db.close()
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
@@ -151,54 +149,72 @@ class PostgresStore(MemoryStore):
             raise
 
     def __repr__(self) -> str:
-        return f"PostgresStore({self.location!r})"
+        return f"PostgresStoreConnection({self.location!r})"
+
+    def another(self, application_name: str, settings: tuple[str, ...]) -> PostgresConnection:
+        """A second connection to the same database, its session set by `settings` (statements)."""
+        return PostgresConnection(self._db.url, setting="store.url", application_name=application_name,
+                                  setup=lambda conn: [conn.execute(setting) for setting in settings])
+
+    def run(self, call: Callable[[Any], T]) -> T:
+        """`call` on the store's connection."""
+        return self._db.run(call)
+
+    def change_schema(self, change: Callable[[Any], None]) -> None:
+        """`change` (of the tables or their indexes) in one transaction holding the schema's lock."""
+        def locked(conn: Any) -> None:
+            with conn.transaction():
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
+                change(conn)
+
+        self._db.run(locked)
 
     def _create_schema(self, conn: Any) -> None:
-        with conn.transaction():  # concurrent CREATE ... IF NOT EXISTS can collide in pg_type without it
-            conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
-            conn.execute(INIT_META)
-            conn.execute(
-                f"CREATE TABLE IF NOT EXISTS {NODES} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
-                "kind TEXT NOT NULL, level INTEGER NOT NULL, steps INTEGER NOT NULL, version INTEGER, "
-                "item_count INTEGER NOT NULL, first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL, "
-                "tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED, "
-                "PRIMARY KEY (agent_id, node_id))")
-            extension = pgvector.enable(conn, self.location)
-            # (columns of units and vectors: added to a store written before them too)
-            conn.execute(f"ALTER TABLE {NODES} ADD COLUMN IF NOT EXISTS covered_by TEXT, "
-                         "ADD COLUMN IF NOT EXISTS digest TEXT, ADD COLUMN IF NOT EXISTS pending_seq BIGINT, "
-                         f"ADD COLUMN IF NOT EXISTS vector {'vector' if extension else 'BYTEA'}")
-            if extension:
-                pgvector.convert_bytes(conn, self.location)
-                dim = conn.execute(f"SELECT value FROM {META} WHERE key = 'embedding_dim'").fetchone()
-                if dim is not None:
-                    pgvector.create_index(conn, int(dim[0]))
-            conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
-            conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
-            conn.execute(PENDING_INDEX)
-            _keyword_indexes(conn, self.location)
-            _bucket_statistics(conn, self.location)
-            conn.execute(CREATE_GENERATIONS)
-            for statement in CREATE_LOG_TABLES:
-                conn.execute(statement)
-            conn.execute(f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
-                         "PRIMARY KEY (agent_id, node_id))")
-            # (a store written before histories: only the columns it lacks, as ALTER TABLE locks the table and
-            # would deadlock with the writers of a store already open)
-            present = set(conn.execute("SELECT table_name, column_name FROM information_schema.columns WHERE "
-                                       "table_schema = current_schema()").fetchall())
-            for table, column, kind in ADDED_LOG_COLUMNS:
-                if (table, column) not in present:
-                    conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
+        """The tables, their indexes and pgvector, when missing (under the schema's lock: concurrent CREATE ... IF
+        NOT EXISTS can collide in pg_type without it)."""
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+        conn.execute(INIT_META)
+        conn.execute(
+            f"CREATE TABLE IF NOT EXISTS {NODES} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
+            "kind TEXT NOT NULL, level INTEGER NOT NULL, steps INTEGER NOT NULL, version INTEGER, "
+            "item_count INTEGER NOT NULL, first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL, "
+            "tsv tsvector GENERATED ALWAYS AS (to_tsvector('english', text)) STORED, "
+            "PRIMARY KEY (agent_id, node_id))")
+        extension = pgvector.enable(conn, self.location)
+        # (columns of units and vectors: added to a store written before them too)
+        conn.execute(f"ALTER TABLE {NODES} ADD COLUMN IF NOT EXISTS covered_by TEXT, "
+                     "ADD COLUMN IF NOT EXISTS digest TEXT, ADD COLUMN IF NOT EXISTS pending_seq BIGINT, "
+                     f"ADD COLUMN IF NOT EXISTS vector {'vector' if extension else 'BYTEA'}")
+        if extension:
+            pgvector.convert_bytes(conn, self.location)
+            dim = conn.execute(f"SELECT value FROM {META} WHERE key = 'embedding_dim'").fetchone()
+            if dim is not None:
+                pgvector.create_index(conn, int(dim[0]))
+        conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)")
+        conn.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
+        conn.execute(PENDING_INDEX)
+        _keyword_indexes(conn, self.location)
+        _bucket_statistics(conn, self.location)
+        conn.execute(CREATE_GENERATIONS)
+        for statement in CREATE_LOG_TABLES:
+            conn.execute(statement)
+        conn.execute(f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
+                     "PRIMARY KEY (agent_id, node_id))")
+        # (a store written before histories: only the columns it lacks, as ALTER TABLE locks the table and
+        # would deadlock with the writers of a store already open)
+        present = set(conn.execute("SELECT table_name, column_name FROM information_schema.columns WHERE "
+                                   "table_schema = current_schema()").fetchall())
+        for table, column, kind in ADDED_LOG_COLUMNS:
+            if (table, column) not in present:
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} {kind}")
 
-    def _fetch(self, sql: str, params: tuple[Any, ...], *, binary: bool = False) -> list[tuple[Any, ...]]:
+    def fetch(self, sql: str, params: tuple[Any, ...], *, binary: bool = False) -> list[tuple[Any, ...]]:
         # planned for its parameters each time: psycopg prepares a statement run five times, and PostgreSQL may
         # then reuse one generic plan, which for a query by agent fits one size of agent only (a sequential
         # scan for an agent of 100 000 rows made every keyword query of the others cost 100-200 ms)
-        return self._reach(self._db, lambda c: c.cursor(binary=binary).execute(sql, params, prepare=False).fetchall())
+        return self.reach(self._db, lambda c: c.cursor(binary=binary).execute(sql, params, prepare=False).fetchall())
 
-    def _reach(self, db: PostgresConnection, call: Callable[[Any], T]) -> T:
+    def reach(self, db: PostgresConnection, call: Callable[[Any], T]) -> T:
         """`call` on one of the store's connections; a server out of reach is a StoreError (the service answers
         503, not a crash)."""
         try:
@@ -206,23 +222,56 @@ class PostgresStore(MemoryStore):
         except self._db.psycopg.OperationalError as exc:
             raise StoreError(f"cannot reach the memory store at {self.location}: {exc}") from None
 
-    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]],
-               checks: Any = ()) -> None:
+    def write(self, agents: list[str], statements: Statements, checks: Checks | None = None) -> None:
         def write(conn: Any) -> None:
             with conn.transaction():
                 for agent in agents:  # sorted: two writers of the same agents take the locks in one order
                     conn.execute("SELECT pg_advisory_xact_lock(hashtextextended(%s, 0))", (agent,))
-                for sql, params, expected in checks:
-                    found = [tuple(row) for row in conn.execute(sql, params).fetchall()]
-                    if found != expected:
-                        raise PositionConflict(f"{self.location}: {params} is at {found}, not {expected}")
-                for sql, params in statements:
-                    conn.execute(sql, params)
+                self._checked(conn.execute, statements, checks)
 
         self._db.run(write)
 
-    def _matching(self, agent_id: str, terms: list[str], limit: int, *,
-                  question: Any | None = None) -> list[tuple[Any, ...]]:
+    def close(self) -> None:
+        self._db.close()
+
+
+class PgvectorColumn:
+    """pgvector's `vector` column: a vector written as text, indexed by HNSW once the store records its model's
+    dimension (the index is of one dimension: dropped when the vectors are)."""
+
+    def __init__(self, connection: PostgresStoreConnection) -> None:
+        self.connection = connection
+        self._indexed = False  # the HNSW index is known to exist
+
+    def value(self, vector: Any) -> Any:
+        return pgvector.text(vector)
+
+    def recorded(self, dim: int) -> None:
+        if not self._indexed:
+            self.connection.change_schema(lambda conn: pgvector.create_index(conn, dim))
+            self._indexed = True
+
+    def forgotten(self) -> None:
+        self.connection.change_schema(pgvector.drop_index)
+        self._indexed = False
+
+
+class PostgresSearch:
+    """Full text by a stored `english` tsvector column (GIN index per bucket of agents), which finds the
+    candidates (rare terms first); by meaning, pgvector's HNSW index on a second connection, or (without the
+    extension) the reader's exact search of its cached vectors."""
+
+    def __init__(self, connection: PostgresStoreConnection) -> None:
+        self.connection = connection
+        self.vectors = connection.vector_kind
+        self._search_db: PostgresConnection | None = None  # (recall's search by meaning, opened at its first)
+        self._lexemes: dict[str, tuple[str, ...]] = {}  # term -> its lexemes (to_tsvector's)
+        self._common: tuple[frozenset[str], float] = (frozenset(), -TERMS_KNOWN_S)  # common lexemes, when read
+        self._buckets: dict[str, int] = {}  # agent -> its bucket
+        self._sizes: dict[str, tuple[int, float]] = {}  # agent -> (its rows up to EXACT_BELOW, when counted)
+
+    def matching(self, agent_id: str, terms: list[str], limit: int, *,
+                 question: Any | None = None) -> list[tuple[Any, ...]]:
         """The agent's rows holding a rare term of the question (in under RARE_SHARE of the table's rows, by
         PostgreSQL's statistics of the tsvector column), ranked by ts_rank_cd over all the terms; then, up to
         `limit`, rows holding its common terms, the best of COMMON_RANKED per row wanted. Bounded so (at most
@@ -249,7 +298,7 @@ class PostgresStore(MemoryStore):
         if question is not None:
             params["question"] = pgvector.text(question)
         found: dict[str, tuple[Any, ...]] = {}
-        for row in self._fetch(sql, params):
+        for row in self.connection.fetch(sql, params):
             found.setdefault(row[0], row)
         return list(found.values())[:limit]
 
@@ -258,17 +307,17 @@ class PostgresStore(MemoryStore):
         if agent_id not in self._buckets:
             if len(self._buckets) > TERMS_KEPT:
                 self._buckets.clear()
-            self._buckets[agent_id] = int(self._fetch(BUCKET_OF, (agent_id,))[0][0])
+            self._buckets[agent_id] = int(self.connection.fetch(BUCKET_OF, (agent_id,))[0][0])
         return self._buckets[agent_id]
 
-    def _recall_facts(self, agent_id: str, terms: list[str]) -> tuple[dict[str, str], int | None]:
+    def facts(self, agent_id: str, terms: list[str]) -> tuple[dict[str, str], int | None] | None:
         """The model's record and the agent's generation, with the lexemes of the terms not yet known, in one
-        statement (a store written before generations: as other stores read them)."""
+        statement (a store written before generations: None, read as other stores read them)."""
         unknown = self._unknown_terms(terms)
         try:
-            rows = self._fetch(FACTS, (agent_id, unknown))
-        except self.missing_table:
-            return super()._recall_facts(agent_id, terms)
+            rows = self.connection.fetch(FACTS, (agent_id, unknown))
+        except self.connection.missing_table:
+            return None
         self._lexemes.update((term, tuple(lexemes)) for kind, term, _, lexemes in rows if kind == "term")
         generations = [int(value) for kind, _, value, _ in rows if kind == "generation"]
         return {key: value for kind, key, value, _ in rows if kind == "model"}, (generations or [0])[0]
@@ -286,59 +335,29 @@ class PostgresStore(MemoryStore):
         TERMS_KNOWN_S); a term's lexemes are remembered (they never change), so most questions ask nothing."""
         now = time.monotonic()
         if now - self._common[1] >= TERMS_KNOWN_S:
-            self._common = (frozenset(row[0] for row in self._fetch(COMMON_LEXEMES, (RARE_SHARE,))), now)
+            self._common = (frozenset(row[0] for row in self.connection.fetch(COMMON_LEXEMES, (RARE_SHARE,))), now)
         unknown = self._unknown_terms(terms)
         if unknown:
-            self._lexemes.update((t, tuple(lexemes)) for t, lexemes in self._fetch(LEXEMES, (unknown,)))
+            self._lexemes.update((t, tuple(lexemes)) for t, lexemes in self.connection.fetch(LEXEMES, (unknown,)))
         common = self._common[0]
         return {t for t in terms if any(lexeme in common for lexeme in self._lexemes.get(t, ()))}
 
-    def _vector_value(self, vector: Any) -> Any:
-        return pgvector.text(vector) if self.vectors.extension else super()._vector_value(vector)
-
-    def _check_model(self, embedder: Embedder, *, record: bool, model: dict[str, str] | None = None) -> bool:
-        """The model check, and the HNSW index of the model's dimension once a writer recorded it."""
-        known = super()._check_model(embedder, record=record, model=model)
-        if known and record and self.vectors.extension and not self._indexed:
-            def index(conn: Any) -> None:
-                with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
-                    pgvector.create_index(conn, embedder.dim)
-
-            self._db.run(index)
-            self._indexed = True
-        return known
-
-    def forget_vectors(self) -> int:
-        """Also drops the HNSW indexes: they index one dimension (the next model's are built at its first write)."""
-        if self.vectors.extension:
-            def drop(conn: Any) -> None:
-                with conn.transaction():
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (self.LOCK_ID,))
-                    pgvector.drop_index(conn)
-
-            self._db.run(drop)
-            self._indexed = False
-        return super().forget_vectors()
-
-    def _nearest_meanwhile(self, agent_id: str, question: Callable[[], Any], generation: int | None) -> Callable[
-            [Mapping[str, tuple[Any, ...]]], tuple[dict[str, float], dict[str, tuple[Any, ...]]]]:
+    def nearest_meanwhile(self, agent_id: str, question: Callable[[], Any],
+                          generation: int | None) -> ByMeaning | None:
         """The search by meaning on a second connection (its session set for the index scan), in a thread
         while the first searches by keyword (with each row's distance, when the question was embedded
         first): the server runs both at once. Found rows come with their HIT columns, so none is read again."""
         if not self.vectors.extension:
-            return super()._nearest_meanwhile(agent_id, question, generation)
+            return None  # (the reader's exact search of its cached vectors)
         if self._search_db is None:
             settings = self.vectors.settings()
-            self._search_db = PostgresConnection(
-                self._db.url, setting="store.url", application_name="flink-memory recall by meaning",
-                setup=lambda conn: [conn.execute(setting) for setting in (PLAN_FOR_MEMORY, *settings)])
+            self._search_db = self.connection.another("flink-memory recall by meaning", (PLAN_FOR_MEMORY, *settings))
         search_db = self._search_db
         bucket = self._bucket_of(agent_id)  # (remembered after an agent's first recall)
 
         def search() -> tuple[str, pgvector.Found]:
             vector = pgvector.text(question())
-            return vector, self._reach(search_db, lambda conn: self.vectors.nearest(
+            return vector, self.connection.reach(search_db, lambda conn: self.vectors.nearest(
                 conn, agent_id, vector, VECTOR_CANDIDATES, self._rows_of(conn, agent_id), bucket))
 
         searched = meanwhile(search, name="recall-by-meaning", started=False)  # (the keyword search goes first)
@@ -349,7 +368,8 @@ class PostgresStore(MemoryStore):
             scored = [row for key, row in rows.items() if key not in nearest and len(row) > HIT_WIDTH]
             rest = [key for key, row in rows.items() if key not in nearest and len(row) == HIT_WIDTH]
             if rest:  # (keyword rows read before the question's vector was known)
-                scored += self._reach(search_db, lambda conn: self.vectors.distances_of(conn, agent_id, vector, rest))
+                scored += self.connection.reach(
+                    search_db, lambda conn: self.vectors.distances_of(conn, agent_id, vector, rest))
             return pgvector.cosines([*found, *scored]), nearest
 
         return result
@@ -368,6 +388,5 @@ class PostgresStore(MemoryStore):
         return known[0]
 
     def close(self) -> None:
-        self._db.close()
         if self._search_db is not None:
             self._search_db.close()

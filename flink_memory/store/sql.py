@@ -1,152 +1,75 @@
 """The live-memory store: summary nodes and memory units in SQLite (one file, WAL) or PostgreSQL (psycopg 3),
-one schema (flink_memory.store.sqlite, flink_memory.store.postgres).
+one schema (flink_memory.store.schema), composed of parts that each hold their own statements.
 
-The tables and statements are flink_memory.store.schema's. `MemoryStore` holds every statement and read rule,
-one concern a module: its connection (store/connection.py), the writes of nodes and units (store/writes.py),
-the memory log and provisional rows (store/log_writes.py), the rows' vectors (store/vector_rows.py), recall
-(store/recall.py), and here the reads; a store supplies its connection, schema and search. Reads return
-`SummaryNode` models (`flink_memory.records`) and `Recalled` hits, never raw rows.
+A dialect (flink_memory.store.sqlite, flink_memory.store.postgres) supplies the connection (its transaction,
+schema and placeholder), the vector column and the search; `MemoryStore` builds the rest on them: the vectors
+(store/vector_rows.py), the writer of nodes and units (store/writes.py), the log part that applies the committed
+memory log and shows provisional rows (store/log_writes.py), the reader (store/reads.py) and recall
+(store/recall.py). Each part takes what it needs in its constructor; none calls back into another's caller.
 """
 
 from __future__ import annotations
 
-import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from flink_memory.records import MemoryUnit, SummaryNode
-from flink_memory.store.log_writes import LogWrites
-from flink_memory.store.recall import StoreRecall
-from flink_memory.store.rules import UNIT_PREFIX, StoreError, StoreNotFound
-from flink_memory.store.schema import (
-    AGENTS,
-    ALL_OF_AGENT,
-    CURRENT,
-    HAS_AGENT,
-    NODE,
-    NODES,
-    PENDING_PREFIX,
-    REPLACED,
-    SCHEMA,
-    SCHEMA_VERSION,
-    UNITS_OF_AGENT,
-)
+from flink_memory.store.log_writes import LogWriter
+from flink_memory.store.reads import StoreReader
+from flink_memory.store.recall import Recaller
+from flink_memory.store.writes import StoreWriter
+
+if TYPE_CHECKING:
+    from flink_memory.embeddings import Embedder
+    from flink_memory.store.connection import StoreConnection
+    from flink_memory.store.recall import Search
+    from flink_memory.store.vector_rows import VectorRows
 
 
-class MemoryStore(LogWrites, StoreRecall):
-    """Upserts and reads on one schema; `open_store` picks the store. Use as a context manager.
+class MemoryStore:
+    """The store's parts behind one face: `open_store` builds it. Use as a context manager.
 
     With an `embedder`, writes embed their rows (in the write itself when the embedder is `inline`, else after
-    committing them) and recall can rank by meaning."""
+    committing them) and recall can rank by meaning. Each public method is its part's."""
 
-    def _check_schema(self) -> None:
-        try:
-            rows = self._fetch(self._sql(SCHEMA), ())
-        except self.missing_table:
-            raise StoreNotFound(f"{self.location} holds no flink-memory store") from None
-        if not rows:
-            raise StoreNotFound(f"{self.location} holds no flink-memory store (no schema version)")
-        if rows[0][0] != str(SCHEMA_VERSION):
-            raise StoreError(f"store schema version {rows[0][0]} at {self.location} is not readable by this "
-                             f"release (it reads version {SCHEMA_VERSION})")
+    def __init__(self, connection: StoreConnection, vectors: VectorRows, search: Search) -> None:
+        self.connection, self.vectors, self.search, self.location = connection, vectors, search, connection.location
+        self.writer = StoreWriter(connection, vectors)
+        self.log = LogWriter(connection, vectors, self.writer)
+        self.reader = StoreReader(connection)
+        self.recaller = Recaller(connection, vectors, search)
+        writer, log, reader = self.writer, self.log, self.reader
+        self.upsert, self.upsert_units, self.delete_units, self.forget_units = (
+            writer.upsert, writer.upsert_units, writer.delete_units, writer.forget_units)
+        self.write_provisional, self.restart_attempt, self.apply_log = (
+            log.write_provisional, log.restart_attempt, log.apply_log)
+        self.log_position, self.log_positions, self.history, self.claim_history, self.applied_files = (
+            log.log_position, log.log_positions, log.history, log.claim_history, log.applied_files)
+        self.record_applier_lag, self.applier_lag = log.record_applier_lag, log.applier_lag
+        self.current, self.node, self.children, self.nodes, self.units, self.units_by_id = (
+            reader.current, reader.node, reader.children, reader.nodes, reader.units, reader.units_by_id)
+        self.timeline, self.replaced_count, self.parents, self.agents, self.has_agent = (
+            reader.timeline, reader.replaced_count, reader.parents, reader.agents, reader.has_agent)
+        self.agent_vectors, self.recall = reader.agent_vectors, self.recaller.recall
+        self.embedding_model, self.vector_counts, self.forget_vectors, self.embed_pending = (
+            vectors.embedding_model, vectors.vector_counts, vectors.forget_vectors, vectors.embed_pending)
 
-    def current(self, agent_id: str) -> SummaryNode | None:
-        """The agent's current memory: its live global node with the highest version."""
-        found = self._bodies(CURRENT, (agent_id,))
-        return found[0] if found else None
+    @property
+    def embedder(self) -> Embedder | None:
+        return self.vectors.embedder
 
-    def node(self, agent_id: str, node_id: str) -> SummaryNode | None:
-        """A live node by id (None when it was never written or has been replaced)."""
-        found = self._bodies(NODE, (agent_id, node_id))
-        return found[0] if found else None
+    @embedder.setter
+    def embedder(self, embedder: Embedder | None) -> None:
+        self.vectors.embedder = embedder
 
-    def children(self, agent_id: str, node_id: str) -> list[SummaryNode]:
-        """The stored child nodes of a merge or global node, in the order of its `children`. A batch node's
-        children are memory units, not nodes: []. Children a retention mode did not write are left out."""
-        parent = self.node(agent_id, node_id)
-        if parent is None or parent.kind == "batch" or not parent.children:
-            return []
-        marks = ", ".join("?" for _ in parent.children)
-        sql = f"SELECT body FROM {NODES} WHERE agent_id = ? AND node_id IN ({marks})"
-        found = {n.node_id: n for n in self._bodies(sql, (agent_id, *parent.children))}
-        return [found[c] for c in parent.children if c in found]
+    @property
+    def embeds_in_writes(self) -> bool:
+        return self.vectors.embeds_in_writes
 
-    def nodes(self, agent_id: str) -> list[SummaryNode]:
-        """Every live node of the agent, batch nodes first (by specificity, then id)."""
-        return self._bodies(ALL_OF_AGENT, (agent_id,))
+    def close(self) -> None:
+        self.search.close()
+        self.connection.close()
 
-    def units(self, agent_id: str) -> list[tuple[MemoryUnit, str | None]]:
-        """Every live memory unit of the agent with the batch node that covers it (None: not yet), by id; a
-        provisional row (not committed yet) stands for the committed row of its unit."""
-        found: dict[str, tuple[MemoryUnit, str | None]] = {}
-        for key, body, covered_by in self._fetch(self._sql(UNITS_OF_AGENT), (agent_id,)):
-            unit = MemoryUnit.model_validate_json(body)
-            if key.startswith(PENDING_PREFIX) or unit.unit_id not in found:
-                found[unit.unit_id] = (unit, covered_by)
-        return [found[unit_id] for unit_id in sorted(found)]
-
-    def units_by_id(self, agent_id: str, unit_ids: list[str]) -> list[tuple[MemoryUnit, str | None, bool]]:
-        """These live units of the agent (a batch node's children), in the order asked, each with its covering
-        batch node and whether it is provisional (its row stands for the committed one); ids not stored are
-        left out."""
-        if not unit_ids:
-            return []
-        keys = [p + u for u in unit_ids for p in (UNIT_PREFIX, PENDING_PREFIX)]
-        sql = (f"SELECT node_id, body, covered_by FROM {NODES} WHERE agent_id = ? AND kind = 'unit' "
-               f"AND node_id IN ({', '.join('?' for _ in keys)})")
-        found: dict[str, tuple[MemoryUnit, str | None, bool]] = {}
-        for key, body, covered_by in self._fetch(self._sql(sql), (agent_id, *keys)):
-            unit = MemoryUnit.model_validate_json(body)
-            pending = key.startswith(PENDING_PREFIX)
-            if pending or unit.unit_id not in found:
-                found[unit.unit_id] = (unit, covered_by, pending)
-        return [found[u] for u in unit_ids if u in found]
-
-    def timeline(self, agent_id: str, offset: int = 0, limit: int = 100) -> tuple[list[dict[str, Any]], int]:
-        """A page of the agent's live units and nodes, newest first (by the end of the time each covers, then
-        id), and how many there are: (rows as dicts of node_id, kind, level, version, item_count, first_ts,
-        last_ts, text, replaces, provisional, covered_by), total."""
-        total = int(self._fetch(self._sql(f"SELECT COUNT(*) FROM {NODES} WHERE agent_id = ? AND kind <> 'hidden'"),
-                                (agent_id,))[0][0])
-        sql = (f"SELECT node_id, kind, level, version, item_count, first_ts, last_ts, text, body, covered_by "
-               f"FROM {NODES} WHERE agent_id = ? AND kind <> 'hidden' "
-               f"ORDER BY COALESCE(last_ts, '') DESC, node_id DESC LIMIT ? OFFSET ?")
-        rows = []
-        for key, kind, level, version, items, first_ts, last_ts, text, body, covered_by in self._fetch(
-                self._sql(sql), (agent_id, limit, offset)):
-            unit = kind == "unit"
-            replaces = [] if unit else json.loads(body).get("replaces", [])
-            rows.append({"node_id": key.split(":", 1)[1] if unit else key, "kind": kind, "level": level,
-                         "version": version, "item_count": items, "first_ts": first_ts, "last_ts": last_ts,
-                         "text": text, "replaces": replaces, "provisional": key.startswith(PENDING_PREFIX),
-                         "covered_by": covered_by if unit else None})
-        return rows, total
-
-    def replaced_count(self, agent_id: str) -> int:
-        """How many node ids of the agent a written node replaced (re-made or retracted nodes)."""
-        return int(self._fetch(self._sql(f"SELECT COUNT(*) FROM {REPLACED} WHERE agent_id = ?"), (agent_id,))[0][0])
-
-    def parents(self, agent_id: str) -> dict[str, str]:
-        """Each child id of the agent's live nodes (node ids and, under batch nodes, unit ids) -> its parent."""
-        sql = f"SELECT node_id, body FROM {NODES} WHERE agent_id = ? AND kind IN ('batch', 'merge', 'global')"
-        out: dict[str, str] = {}
-        for node_id, body in self._fetch(self._sql(sql), (agent_id,)):
-            for child in json.loads(body)["children"]:
-                out[child] = node_id
-        return out
-
-    def agent_vectors(self, agent_id: str) -> tuple[int, int]:
-        """(the agent's rows, those with a vector)."""
-        rows, embedded = self._fetch(self._sql(f"SELECT COUNT(*), COUNT(vector) FROM {NODES} WHERE agent_id = ?"),
-                                     (agent_id,))[0]
-        return int(rows), int(embedded)
-
-    def agents(self) -> list[str]:
-        """Agents with at least one live node or unit, sorted."""
-        return [row[0] for row in self._fetch(self._sql(AGENTS), ())]
-
-    def has_agent(self, agent_id: str) -> bool:
-        """True when the agent has a live node or unit (one indexed lookup, not a scan of every agent)."""
-        return bool(self._fetch(self._sql(HAS_AGENT), (agent_id,)))
+    def __repr__(self) -> str:
+        return f"MemoryStore({self.location!r})"
 
     def __enter__(self) -> MemoryStore:
         return self

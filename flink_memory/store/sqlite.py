@@ -5,10 +5,13 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from flink_memory.databases import sqlite_connect, sqlite_path
-from flink_memory.store.rules import PositionConflict, StoreError, StoreNotFound, fts5_query
+from flink_memory.store.connection import Checks, Statements, StoreConnection
+from flink_memory.store.rules import StoreError, StoreNotFound, fts5_query
 from flink_memory.store.schema import (
     ADDED,
     ADDED_LOG_COLUMNS,
@@ -23,6 +26,7 @@ from flink_memory.store.schema import (
     REPLACED,
 )
 from flink_memory.store.sql import MemoryStore
+from flink_memory.store.vector_rows import VectorRows
 
 FTS_CONTENT = f"{FTS}_content"  # what the full-text index reads: each row's text and its agent's token
 # An agent's one full-text token: the hex of its id (one unicode61 token, any id) ending in a digit, which the
@@ -44,17 +48,36 @@ FTS_SCHEMA = (
     f"INSERT INTO {FTS} (rowid, text, agent) VALUES (new.id, new.text, {AGENT_TOKEN.format('new.agent_id')}); END",
 )
 
+TABLES = (  # (columns added since: ADDED, ADDED_LOG_COLUMNS; then the indexes on them)
+    f"CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+    INIT_META,
+    f"CREATE TABLE IF NOT EXISTS {NODES} (id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
+    "kind TEXT NOT NULL, level INTEGER NOT NULL, steps INTEGER NOT NULL, version INTEGER, item_count INTEGER NOT NULL, "
+    "first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL, covered_by TEXT, digest TEXT, vector BLOB, "
+    "UNIQUE (agent_id, node_id))",
+    f"CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version)",
+    CREATE_GENERATIONS,
+    *CREATE_LOG_TABLES,
+    f"CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL, "
+    "PRIMARY KEY (agent_id, node_id))",
+    *FTS_SCHEMA,
+)
+
 
 def agent_token(agent_id: str) -> str:
     """The agent's full-text token as AGENT_TOKEN computes it (SQLite's hex() is of the UTF-8 bytes)."""
     return agent_id.encode().hex().upper() + "0"
 
 
-class SqliteStore(MemoryStore):
-    """Full text by FTS5 (external content over the nodes table, porter stemmer, kept in step by triggers),
-    which finds the candidates: each row's text and its agent's token, matched together so that a search
-    ranks the agent's rows only. Vectors are searched exactly per agent (flink_memory.store.vectors). A
-    writer holds the file's write lock (BEGIN IMMEDIATE) for one upsert call."""
+def sqlite_store(location: str, *, create: bool = False) -> MemoryStore:
+    """The store in the SQLite file at `location` (`create`: the file and tables too, when missing)."""
+    connection = SqliteConnection(location, create=create)
+    return MemoryStore(connection, VectorRows(connection), SqliteSearch(connection))
+
+
+class SqliteConnection(StoreConnection):
+    """One SQLite connection, shared by threads one at a time (its lock); every transaction is `transaction`'s.
+    A writer holds the file's write lock (BEGIN IMMEDIATE) for one write call."""
 
     missing_table = (sqlite3.OperationalError,)
 
@@ -68,114 +91,105 @@ class SqliteStore(MemoryStore):
             raise StoreError(f"{self.location} is not a readable SQLite database: {exc}") from None
         self._lock = threading.Lock()
         if create:
-            with self._lock:
-                self._create_schema()
-        self._check_schema()
+            self._create_schema()
+        self.check_schema()
         with self._lock:
-            self._per_agent = self._fts_has_agent()
+            self.per_agent = self._fts_has_agent()  # the full-text index holds each row's agent (SqliteSearch)
 
-    def _create_schema(self) -> None:
-        self._db.executescript(f"""
-            BEGIN IMMEDIATE;
-            CREATE TABLE IF NOT EXISTS {META} (key TEXT PRIMARY KEY, value TEXT NOT NULL);
-            {INIT_META};
-            CREATE TABLE IF NOT EXISTS {NODES} (
-                id INTEGER PRIMARY KEY, agent_id TEXT NOT NULL, node_id TEXT NOT NULL, kind TEXT NOT NULL,
-                level INTEGER NOT NULL, steps INTEGER NOT NULL, version INTEGER, item_count INTEGER NOT NULL,
-                first_ts TEXT, last_ts TEXT, text TEXT NOT NULL, body TEXT NOT NULL,
-                covered_by TEXT, digest TEXT, vector BLOB,
-                UNIQUE (agent_id, node_id));
-            CREATE INDEX IF NOT EXISTS {NODES}_globals ON {NODES} (agent_id, kind, version);
-            {CREATE_GENERATIONS};
-            {";".join(CREATE_LOG_TABLES)};
-            CREATE TABLE IF NOT EXISTS {REPLACED} (agent_id TEXT NOT NULL, node_id TEXT NOT NULL,
-                PRIMARY KEY (agent_id, node_id));
-            {";".join(FTS_SCHEMA)};
-            COMMIT;
-        """)
-        # in one write transaction: two openers of a new store (a job's store sink subtasks) would both see a
-        # column missing and the second ALTER fail ("duplicate column name"), failing the job's start
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            present = {row[1] for row in self._db.execute(f"PRAGMA table_info({NODES})")}
-            for column, kind in ADDED.items():  # a store written before units and vectors
-                if column not in present:
-                    self._db.execute(f"ALTER TABLE {NODES} ADD COLUMN {column} {kind}")
-            for table, column, kind in ADDED_LOG_COLUMNS:  # a store written before histories
-                if column not in {row[1] for row in self._db.execute(f"PRAGMA table_info({table})")}:
-                    self._db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-            self._db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
-            self._db.execute(PENDING_INDEX)
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-        if not self._fts_has_agent():
-            self._migrate_fts()
-
-    def _fts_has_agent(self) -> bool:
-        """Whether the full-text index holds the agent column (a store written before it has text only)."""
-        return "agent" in {row[1] for row in self._db.execute(f"PRAGMA table_info({FTS})")}
-
-    def _migrate_fts(self) -> None:
-        """Rebuild a text-only full-text index with the agent column, in one write transaction."""
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            if not self._fts_has_agent():  # another writer may have migrated it meanwhile
-                for suffix in ("ai", "ad", "au"):
-                    self._db.execute(f"DROP TRIGGER IF EXISTS {NODES}_{suffix}")
-                self._db.execute(f"DROP TABLE {FTS}")
-                for statement in FTS_SCHEMA:
-                    self._db.execute(statement)
-                self._db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
-
-    def __repr__(self) -> str:
-        return f"SqliteStore({self.location!r})"
-
-    def _fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+    @contextmanager
+    def transaction(self, begin: str = "BEGIN IMMEDIATE") -> Iterator[sqlite3.Connection]:
+        """The connection inside one transaction (a write's by default; "BEGIN": one snapshot for reads), rolled
+        back on any error."""
         with self._lock:
-            return self._db.execute(sql, params).fetchall()
-
-    def _write(self, agents: list[str], statements: list[tuple[str, tuple[Any, ...]]],
-               checks: Any = ()) -> None:
-        with self._lock:
-            self._db.execute("BEGIN IMMEDIATE")
+            self._db.execute(begin)
             try:
-                for sql, params, expected in checks:
-                    found = [tuple(row) for row in self._db.execute(sql, params).fetchall()]
-                    if found != expected:
-                        raise PositionConflict(f"{self.location}: {params} is at {found}, not {expected}")
-                for sql, params in statements:
-                    self._db.execute(sql, params)
+                yield self._db
             except BaseException:
                 self._db.execute("ROLLBACK")
                 raise
             self._db.execute("COMMIT")
 
-    def _matching(self, agent_id: str, terms: list[str], limit: int, *,
-                  question: Any | None = None) -> list[tuple[Any, ...]]:
+    def _create_schema(self) -> None:
+        # in one write transaction: two openers of a new store (a job's store sink subtasks) would both see a
+        # column missing and the second ALTER fail ("duplicate column name"), failing the job's start
+        with self.transaction() as db:
+            for statement in TABLES:
+                db.execute(statement)
+            present = {row[1] for row in db.execute(f"PRAGMA table_info({NODES})")}
+            for column, kind in ADDED.items():  # a store written before units and vectors
+                if column not in present:
+                    db.execute(f"ALTER TABLE {NODES} ADD COLUMN {column} {kind}")
+            for table, column, kind in ADDED_LOG_COLUMNS:  # a store written before histories
+                if column not in {row[1] for row in db.execute(f"PRAGMA table_info({table})")}:
+                    db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+            db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
+            db.execute(PENDING_INDEX)
+            if not self._fts_has_agent():
+                self._migrate_fts(db)
+
+    def _fts_has_agent(self) -> bool:
+        """Whether the full-text index holds the agent column (a store written before it has text only)."""
+        return "agent" in {row[1] for row in self._db.execute(f"PRAGMA table_info({FTS})")}
+
+    def _migrate_fts(self, db: sqlite3.Connection) -> None:
+        """Rebuild a text-only full-text index with the agent column (in the schema's write transaction)."""
+        for suffix in ("ai", "ad", "au"):
+            db.execute(f"DROP TRIGGER IF EXISTS {NODES}_{suffix}")
+        db.execute(f"DROP TABLE {FTS}")
+        for statement in FTS_SCHEMA:
+            db.execute(statement)
+        db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
+
+    def __repr__(self) -> str:
+        return f"SqliteConnection({self.location!r})"
+
+    def fetch(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        with self._lock:
+            return self._db.execute(sql, params).fetchall()
+
+    def write(self, agents: list[str], statements: Statements, checks: Checks | None = None) -> None:
+        with self.transaction() as db:
+            self._checked(db.execute, statements, checks)
+
+    def close(self) -> None:
+        with self._lock:
+            self._db.close()
+
+
+class SqliteSearch:
+    """Full text by FTS5 (external content over the nodes table, porter stemmer, kept in step by triggers),
+    which finds the candidates: each row's text and its agent's token, matched together so that a search
+    ranks the agent's rows only. Vectors are searched exactly per agent (flink_memory.store.vectors, by the
+    recall part)."""
+
+    def __init__(self, connection: SqliteConnection) -> None:
+        self.connection = connection
+
+    def facts(self, agent_id: str, terms: list[str]) -> None:
+        return None
+
+    def nearest_meanwhile(self, agent_id: str, question: Any, generation: int | None) -> None:
+        return None
+
+    def matching(self, agent_id: str, terms: list[str], limit: int, *,
+                 question: Any | None = None) -> list[tuple[Any, ...]]:
         columns = ", ".join(f"n.{c.strip()}" for c in HIT.split(","))
-        if not self._per_agent:  # an index of text only (a store not yet opened by a writer of this release)
+        if not self.connection.per_agent:  # an index of text only (a store not yet opened by a writer of this release)
             sql = (f"SELECT {columns} FROM {FTS} JOIN {NODES} n ON n.id = {FTS}.rowid "
                    f"WHERE {FTS} MATCH ? AND n.agent_id = ? ORDER BY bm25({FTS}) LIMIT ?")
-            return self._fetch(sql, (fts5_query(terms), agent_id, limit))
-        with self._lock:
-            self._db.execute("BEGIN")  # one snapshot for every statement of the search
-            try:
-                ids = self._candidates(agent_token(agent_id), terms, limit)
-                marks = ", ".join("?" for _ in ids)  # (`+agent_id`: by rowid, not by a scan of the agent's index)
-                found = self._db.execute(f"SELECT id, {HIT} FROM {NODES} WHERE id IN ({marks}) AND +agent_id = ?",
-                                         (*ids, agent_id)).fetchall()
-            finally:
-                self._db.execute("COMMIT")
+            return self.connection.fetch(sql, (fts5_query(terms), agent_id, limit))
+        with self.connection.transaction("BEGIN") as db:  # one snapshot for every statement of the search
+            ids = self._candidates(db, agent_token(agent_id), terms, limit)
+            marks = ", ".join("?" for _ in ids)  # (`+agent_id`: by rowid, not by a scan of the agent's index)
+            found = db.execute(f"SELECT id, {HIT} FROM {NODES} WHERE id IN ({marks}) AND +agent_id = ?",
+                               (*ids, agent_id)).fetchall()
         place = {rowid: i for i, rowid in enumerate(ids)}
         return [row[1:] for row in sorted(found, key=lambda row: place[row[0]])]
 
-    def _candidates(self, token: str, terms: list[str], limit: int) -> list[int]:
+    def close(self) -> None:
+        pass  # (the connection is the store's)
+
+    def _candidates(self, db: sqlite3.Connection, token: str, terms: list[str], limit: int) -> list[int]:
         """Row ids of the agent's rows holding any of `terms`: all of them when there are at most `limit`,
         else `limit` of them chosen without ranking every match (FTS5's bm25 reads each matching row and, for
         its weights, every row of the index holding each term: tens of milliseconds for a common word).
@@ -186,7 +200,7 @@ class SqliteStore(MemoryStore):
         newest first, follow. flink_memory.store.ranking scores whatever is found."""
         def ids(expression: str, tail: str = "") -> list[int]:
             match = f'agent : "{token}" AND text : ({expression})'
-            return [row[0] for row in self._db.execute(f"SELECT rowid FROM {FTS} WHERE {FTS} MATCH ?{tail}", (match,))]
+            return [row[0] for row in db.execute(f"SELECT rowid FROM {FTS} WHERE {FTS} MATCH ?{tail}", (match,))]
 
         found = ids(fts5_query(terms), f" LIMIT {limit + 1}")
         if len(found) <= limit:
@@ -222,7 +236,3 @@ class SqliteStore(MemoryStore):
                     if len(chosen) == limit:
                         return chosen
         return chosen
-
-    def close(self) -> None:
-        with self._lock:
-            self._db.close()

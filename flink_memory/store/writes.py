@@ -1,4 +1,4 @@
-"""Writes of nodes and units, each call one transaction.
+"""The writer part of a store: writes of nodes and units, each call one transaction.
 
 A write records the replacements first, deletes the nodes they name, then upserts each node that is not
 replaced (PostgreSQL takes an advisory lock per agent for it, SQLite's write lock covers the file). A node is
@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from flink_memory.records import MemoryUnit, SummaryNode
+from flink_memory.store.connection import Statements, StoreConnection
 from flink_memory.store.rules import UNIT_PREFIX, as_node, as_unit
 from flink_memory.store.schema import (
     COVER,
@@ -37,8 +38,13 @@ from flink_memory.store.vector_rows import VectorRows
 NO_SEQ = 2**62  # (a unit written outside the log: no pending deletion is of a later seq)
 
 
-class StoreWrites(VectorRows):
-    """Upserts and deletions of nodes and units (a part of MemoryStore)."""
+class StoreWriter:
+    """Upserts and deletions of nodes and units on a connection, with their vectors; its statements are also
+    what the log part writes in its own transactions."""
+
+    def __init__(self, connection: StoreConnection, vectors: VectorRows) -> None:
+        self.connection = connection
+        self.vectors = vectors
 
     def upsert(self, nodes: Iterable[SummaryNode | dict[str, Any] | str]) -> int:
         """Write nodes (models, dicts or summaries/ JSON lines) idempotently; returns how many were given.
@@ -49,45 +55,44 @@ class StoreWrites(VectorRows):
         if not parsed:
             return 0
         agents = sorted({n.agent_id for n in parsed})
-        self._commit(agents, self._node_statements(parsed))
-        if not self.embeds_in_writes:
-            self.embed_pending(agents)
+        self.connection.commit(agents, self.node_statements(parsed))
+        if not self.vectors.embeds_in_writes:
+            self.vectors.embed_pending(agents)
         return len(parsed)
 
-    def _node_statements(self, nodes: list[SummaryNode]) -> list[tuple[str, tuple[Any, ...]]]:
-        statements: list[tuple[str, tuple[Any, ...]]] = []
+    def node_statements(self, nodes: list[SummaryNode]) -> Statements:
+        sql, statements = self.connection.sql, []
         for node in nodes:
             for old in node.replaces:
-                statements.append((self._sql(RECORD_REPLACED), (node.agent_id, old)))
-                statements.append((self._sql(DELETE_REPLACED), (node.agent_id, old)))
+                statements.append((sql(RECORD_REPLACED), (node.agent_id, old)))
+                statements.append((sql(DELETE_REPLACED), (node.agent_id, old)))
         for node in nodes:
-            statements.append((self._sql(UPSERT), (*node_row(node), node.agent_id, node.node_id)))
+            statements.append((sql(UPSERT), (*node_row(node), node.agent_id, node.node_id)))
             if node.kind == "batch":
-                statements += [(self._sql(COVER), (node.node_id, node.agent_id, UNIT_PREFIX + unit, node.agent_id,
-                                                   node.node_id)) for unit in node.children]
+                statements += [(sql(COVER), (node.node_id, node.agent_id, UNIT_PREFIX + unit, node.agent_id,
+                                             node.node_id)) for unit in node.children]
         for node in nodes:
-            statements += [(self._sql(UNCOVERED), (node.agent_id, old)) for old in node.replaces]
-        return statements + self._vector_statements([(n.agent_id, n.node_id, n.text) for n in nodes])
+            statements += [(sql(UNCOVERED), (node.agent_id, old)) for old in node.replaces]
+        return statements + self.vectors.statements([(n.agent_id, n.node_id, n.text) for n in nodes])
 
-    def _unit_statements(self, units: list[MemoryUnit], seq: int = NO_SEQ,
-                         branch: str = LATEST) -> list[tuple[str, tuple[Any, ...]]]:
-        statements = []
+    def unit_statements(self, units: list[MemoryUnit], seq: int = NO_SEQ, branch: str = LATEST) -> Statements:
+        sql, statements = self.connection.sql, []
         for unit in units:
             committed, pending = UNIT_PREFIX + unit.unit_id, PENDING_PREFIX + unit.unit_id
             if seq != NO_SEQ:
-                statements.append((self._sql(PROMOTE), (committed, unit.agent_id, pending, text_digest(unit.text),
-                                                        branch, seq, unit.agent_id, committed)))
+                statements.append((sql(PROMOTE), (committed, unit.agent_id, pending, text_digest(unit.text),
+                                                  branch, seq, unit.agent_id, committed)))
             row = unit_row(unit)
             hiding = (unit.agent_id, unit.unit_id, branch, seq, branch)
-            statements.append((self._sql(UPSERT_UNIT), (*row[:2], *hiding, *row[2:], *hiding, *hiding)))
+            statements.append((sql(UPSERT_UNIT), (*row[:2], *hiding, *row[2:], *hiding, *hiding)))
         embedded = self._vectored(units) if seq != NO_SEQ else set()
-        return statements + self._vector_statements([(u.agent_id, UNIT_PREFIX + u.unit_id, u.text) for u in units
+        return statements + self.vectors.statements([(u.agent_id, UNIT_PREFIX + u.unit_id, u.text) for u in units
                                                      if (u.agent_id, u.unit_id, text_digest(u.text)) not in embedded])
 
     def _vectored(self, units: list[MemoryUnit]) -> set[tuple[str, str, str]]:
         """(agent, unit id, digest) of these units whose row, committed or provisional (which the commit
         renames), already has a vector of that text: a writer that embeds in its writes does not again."""
-        if not units or not self.embeds_in_writes:
+        if not units or not self.vectors.embeds_in_writes:
             return set()
         found: set[tuple[str, str, str]] = set()
         by_agent: dict[str, list[str]] = {}
@@ -96,7 +101,7 @@ class StoreWrites(VectorRows):
         for agent, keys in by_agent.items():
             sql = (f"SELECT node_id, digest FROM {NODES} WHERE agent_id = ? AND node_id IN "
                    f"({', '.join('?' for _ in keys)}) AND vector IS NOT NULL")
-            for key, digest in self._fetch(self._sql(sql), (agent, *keys)):
+            for key, digest in self.connection.query(sql, (agent, *keys)):
                 found.add((agent, key.split(":", 1)[1], digest))
         return found
 
@@ -107,17 +112,17 @@ class StoreWrites(VectorRows):
         if not parsed:
             return 0
         agents = sorted({u.agent_id for u in parsed})
-        self._commit(agents, self._unit_statements(parsed))
-        if not self.embeds_in_writes:
-            self.embed_pending(agents)
+        self.connection.commit(agents, self.unit_statements(parsed))
+        if not self.vectors.embeds_in_writes:
+            self.vectors.embed_pending(agents)
         return len(parsed)
 
     def delete_units(self, agent_id: str, unit_ids: Iterable[str]) -> None:
         """Remove units (deleted, or dropped by a forget) with their vectors."""
-        statements = [(self._sql(DELETE_UNIT), (agent_id, UNIT_PREFIX + u)) for u in unit_ids]
+        statements = [(self.connection.sql(DELETE_UNIT), (agent_id, UNIT_PREFIX + u)) for u in unit_ids]
         if statements:
-            self._commit([agent_id], statements)
+            self.connection.commit([agent_id], statements)
 
     def forget_units(self, agent_id: str) -> None:
         """Remove every committed unit of the agent (a forget) with their vectors; its nodes go when replaced."""
-        self._commit([agent_id], [(self._sql(FORGET_UNITS), (agent_id,))])
+        self.connection.commit([agent_id], [(self.connection.sql(FORGET_UNITS), (agent_id,))])
