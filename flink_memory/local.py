@@ -138,7 +138,6 @@ class LocalPipeline:
                        for spec in STAGES]
         self._runners = [_StageRunner(self, index, spec) for index, spec in enumerate(STAGES)]
         # how the end of input waits here: calls are answered when started, and a backoff moves the fake clock
-        self.last_effects = Effects()  # (of the last activation)
         self._waits = Waits(wait=lambda digests, timeout_s: None, sleep=self._sleep, now_ms=lambda: self.now,
                             max_s=float("inf"))
         self.deadlines: dict[tuple[int, str], int] = {}  # work: backoffs, timeouts, refreshes
@@ -178,34 +177,31 @@ class LocalPipeline:
 
     def end(self) -> LocalPipeline:
         """The end of a bounded input, run by the rules the shell runs it by (`Driver.end_of_input`): each stage
-        runs the end-of-input rounds on every key it ran, and a key that is done tells the next stage. Here the
-        stages take turns: the next one gets its END messages once this one's rounds are over and nothing is
-        left in flight or scheduled (every key woken again, backoffs jumped to), then runs its own rounds."""
+        runs the end-of-input rounds on every key it ran, and a key that is done tells the next stage; nothing
+        else wakes a key. Here the stages take turns, as the final watermark reaches them: the next one gets its
+        END messages once this one's rounds are over, then runs its own rounds."""
         told: list[str] = []
         for index, stage in enumerate(self.stages):
             ended = [key for key in told if self._end(index, key, 0)]  # (END from the stage before: round 0)
             for round_ in range(END_ROUNDS):
                 ended += [key for key in stage.keys() if self._end(index, key, round_)]
-            while self.settle().deadlines:
-                self.advance(max(0, (min(self.deadlines.values()) - self.now) / 1000) + 0.001)
             told = ended
         return self
 
     # --- the runner ----------------------------------------------------------------------------------
 
-    def _deliver(self, index: int, key: str, message: StageMessage | None = None) -> None:
-        """A message (END: the end of input) or a wake-up (None) for one stage's key, its effects carried out."""
-        self.last_effects = self.stages[index].activate(key, message, self.finished, self.now)
-        carry_out(self._runners[index], key, self.last_effects)
+    def _deliver(self, index: int, key: str, message: StageMessage | None = None) -> Effects:
+        """A message (END: the end of input) or a wake-up (None) for one stage's key, its effects carried out
+        (which may activate the next stage: the effects returned are this activation's own)."""
+        effects = self.stages[index].activate(key, message, self.finished, self.now)
+        carry_out(self._runners[index], key, effects)
+        return effects
 
     def _end(self, index: int, key: str, round_: int) -> bool:
         """Round `round_` of the key's end of input at one stage; whether the key is done (END to the next)."""
 
-        def activate(message: StageMessage | None) -> Effects:
-            self._deliver(index, key, message)
-            return self.last_effects
-
-        return self.stages[index].driver.end_of_input(key, round_, activate, self._waits) and index + 1 < len(
+        return self.stages[index].driver.end_of_input(
+            key, round_, lambda message: self._deliver(index, key, message), self._waits) and index + 1 < len(
             self.stages)
 
     def _sleep(self, seconds: float) -> None:

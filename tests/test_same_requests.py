@@ -50,7 +50,7 @@ class Lagging(LocalPipeline):
             if request.digest not in self.finished and request.digest not in self.pending:
                 self.pending[request.digest] = (self.deliveries + self.lag, request)
 
-    def _deliver(self, index, key, message=None) -> None:
+    def _deliver(self, index, key, message=None):
         self.deliveries += 1
         for digest, (due, request) in list(self.pending.items()):
             if due <= self.deliveries:
@@ -60,7 +60,7 @@ class Lagging(LocalPipeline):
                     self.finished[digest] = self.answer(request)
                 except Exception as exc:  # noqa: BLE001 - held as the call's error, as the pool would
                     self.finished[digest] = exc
-        super()._deliver(index, key, message)
+        return super()._deliver(index, key, message)
 
 
 def run(journal: str, out: Path, lag: int, data: list[dict], server: ScriptedServer) -> dict:

@@ -198,7 +198,9 @@ class MergerCore:
             if job is not None:  # (a merge finished above may have completed the one after it)
                 self._run_merge(state, tree, job, finished, now_ms, effects)
         pending = state.get(GLOBAL)
-        if pending is None and tree.needs_global():
+        merging = any(state.entry(MERGES, key) is not None for key in state.keys(MERGES))
+        if pending is None and tree.needs_global() and not (schedule.ended and merging):
+            # (at the end of input the global waits for the merges running: made now, it would be made again)
             due = self._global_due(schedule)
             if due is not None and now_ms >= due:
                 pending = self._start_global(state, tree)
