@@ -199,10 +199,9 @@ class LocalPipeline:
 
     def _end(self, index: int, key: str, round_: int) -> bool:
         """Round `round_` of the key's end of input at one stage; whether the key is done (END to the next)."""
-
-        return self.stages[index].driver.end_of_input(
-            key, round_, lambda message: self._deliver(index, key, message), self._waits) and index + 1 < len(
-            self.stages)
+        done = self.stages[index].driver.end_of_input(key, round_, lambda message: self._deliver(index, key, message),
+                                                      self._waits)
+        return done and index + 1 < len(self.stages)
 
     def _sleep(self, seconds: float) -> None:
         self.now += round(seconds * 1000)

@@ -57,8 +57,9 @@ STAGES: tuple[StageSpec, ...] = (
     StageSpec("merger", "hierarchical-merger", "flink-memory-merger", MergerCore, migrations.MERGER,
               channels=(DEAD_LETTERS, MEMORY_LOG)),
 )
-# Every channel of the job, once, in the order the stages name them: the order its outputs are wired in (a new
-# channel goes last, so the operators wired before it keep their place). The parser emits dead letters too.
+# Every channel of the job, once, in the order the stages name them: the order its outputs are wired in. Each
+# file sink has a uid of its own (Channel.sink_uid), so the order does not move a savepoint's state. The parser
+# emits dead letters too.
 CHANNELS: tuple[Channel[Any], ...] = tuple(dict.fromkeys([*(c for s in STAGES for c in s.channels), DEAD_LETTERS]))
 
 

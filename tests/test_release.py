@@ -122,6 +122,7 @@ def test_wheel_carries_the_defaults_and_type_marker_and_no_tests(installed):
         assert "flink_memory/py.typed" in names
         for part in ("rows.npy", "scales.npy", "tokenizer.json", "json"):  # the default embedding model
             assert f"flink_memory/embeddings/data/e5-static.{part}" in names
+        assert "flink_memory/embeddings/data/all-minilm-l6-v2.tokenizer.json" in names  # (the minilm extra's)
         dist_info = next(n.split("/")[0] for n in names if n.endswith(".dist-info/RECORD"))
         entry_points = wheel.read(f"{dist_info}/entry_points.txt").decode()
         metadata = wheel.read(f"{dist_info}/METADATA").decode()

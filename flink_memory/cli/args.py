@@ -34,25 +34,25 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
 
 def job_config(args: argparse.Namespace) -> Config:
     """The job's effective config from its flags, refused here if a request could not fit the budget."""
-    from flink_memory import budgets
+    from flink_memory import topology
 
     overrides = list(args.overrides)
     if args.parallelism is not None:
         overrides.append(f"job.parallelism={args.parallelism}")
     config = load_config(args.config, overrides)
-    budgets.check(config)
+    topology.check(config)
     config.store.location(args.output)  # (refuses an output it cannot put the store next to)
     return config
 
 
 def show_config(args: argparse.Namespace) -> int:
     """`config`: the effective configuration as JSON and the fingerprints of the chunking and summary policies."""
-    from flink_memory import budgets
+    from flink_memory import topology
     from flink_memory.chunking.plans import chunking_fingerprint
     from flink_memory.summarize.prompts import summarization_fingerprint
 
     config = load_config(args.config, args.overrides)
-    budgets.check(config)  # (what `run` would refuse, refused here too)
+    topology.check(config)  # (what `run` would refuse, refused here too)
     print(json.dumps(config.model_dump(mode="json"), indent=2))
     print(f"chunking fingerprint      {chunking_fingerprint(config)}")
     print(f"summarization fingerprint {summarization_fingerprint(config)}")

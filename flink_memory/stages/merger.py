@@ -198,7 +198,7 @@ class MergerCore:
             if job is not None:  # (a merge finished above may have completed the one after it)
                 self._run_merge(state, tree, job, finished, now_ms, effects)
         pending = state.get(GLOBAL)
-        merging = any(state.entry(MERGES, key) is not None for key in state.keys(MERGES))
+        merging = bool(state.keys(MERGES))  # (keys: the merges whose calls still run)
         if pending is None and tree.needs_global() and not (schedule.ended and merging):
             # (at the end of input the global waits for the merges running: made now, it would be made again)
             due = self._global_due(schedule)

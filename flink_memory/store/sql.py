@@ -65,8 +65,10 @@ class MemoryStore:
         return self.vectors.embeds_in_writes
 
     def close(self) -> None:
-        self.search.close()
-        self.connection.close()
+        try:
+            self.search.close()
+        finally:
+            self.connection.close()
 
     def __repr__(self) -> str:
         return f"MemoryStore({self.location!r})"
