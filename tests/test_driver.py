@@ -7,11 +7,10 @@ from collections import Counter
 from types import SimpleNamespace
 
 import pytest
-from stagekit import Pipeline, cfg, hold_plans, summary_answer
+from stagekit import Pipeline, cfg, hold_plans
 from test_stages import PLANNED, conversation, item, planner_answer
 
 from flink_memory.records import MemoryUnit, SummaryNode, parse_line
-from flink_memory.requests import LLMCallError
 from flink_memory.stages.calls import Effects, RecordFault
 from flink_memory.stages.driver import END_ROUNDS, Driver, Waits
 from flink_memory.stages.messages import END, text_of
@@ -170,21 +169,3 @@ def test_the_cores_hold_their_parts_and_inherit_none():
     assert isinstance(planner.retention, SourceRetention) and isinstance(merger.revisions, TreeRevisions)
     assert isinstance(batcher.revisions, BatchRevisions) and batcher.revisions.nodes is batcher.nodes
 
-
-def test_the_end_of_input_alone_batches_every_unit_while_calls_fail():
-    """The in-memory runner ends its input by the shell's rules alone (Driver.end_of_input, no wake-ups of its
-    own): with two calls in three failing, every unit is still batched and the global covers them all. (An
-    activation's effects are its own: the batcher's last round once read the merger's, idle, and stopped with
-    seven units held.)"""
-    calls = Counter[str]()
-
-    def flaky(request):
-        calls["n"] += 1
-        if calls["n"] % 3:
-            raise LLMCallError("HTTP 503")
-        return summary_answer(request)
-
-    pipeline = Pipeline(cfg("batching.max_items=3", "summarization.fan_in=2"), flaky)
-    pipeline.feed(*[{"agent_id": "a", "id": f"m{i}", "text": f"Fact {i}."} for i in range(10)]).end()
-    assert sorted(pipeline.batch_units()["a"]) == sorted(f"m{i}" for i in range(10))
-    assert pipeline.current("a")["item_count"] == 10

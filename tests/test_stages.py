@@ -161,6 +161,8 @@ def test_batches_leave_in_order_when_a_later_call_finishes_first():
 
 
 def test_provider_faults_during_the_end_of_input_are_retried_never_summarized():
+    """The in-memory runner ends its input by the shell's rules alone (Driver.end_of_input): with two calls in
+    three failing, every unit is still batched and the global covers them all."""
     state = {"n": 0}
 
     def flaky(request):
@@ -173,6 +175,7 @@ def test_provider_faults_during_the_end_of_input_are_retried_never_summarized():
     pipeline.feed(*[item("a", i) for i in range(10)]).end()
     assert sorted(u for units in pipeline.batch_units().values() for u in units) == sorted(f"m{i}" for i in range(10))
     assert all(n["text"].startswith("Summary") for n in pipeline.summaries)
+    assert pipeline.current("a")["item_count"] == 10
     assert pipeline.current("a")["item_count"] == 10
 
 
