@@ -8,7 +8,7 @@ from flink_memory.records import MemoryUnit
 from flink_memory.store import open_store
 from flink_memory.store.rules import query_terms
 from flink_memory.store.schema import FTS, NODES
-from flink_memory.store.sqlite import FTS_CONTENT, agent_token
+from flink_memory.store.sqlite import FTS_CONTENT, agent_token, replace_fts
 
 # ids that share a porter stem ("ab", "abed"), a word and its plural, punctuation, quotes and non-ASCII
 AGENTS = ["ab", "abed", "boat", "boats", 'a "quoted" id', "agent-0", "élan", "日本", ""]
@@ -83,12 +83,7 @@ def test_a_text_only_index_is_read_as_before_and_migrated_by_a_writer(tmp_path):
             expected = recalled(writer)
         assert recalled(reader) == expected  # the old query still reads the migrated index
     db = sqlite3.connect(path, isolation_level=None)
-    for name in ("ai", "ad", "au"):
-        db.execute(f"DROP TRIGGER {NODES}_{name}")
-    db.execute(f"DROP TABLE {FTS}")
-    for statement in TEXT_ONLY:
-        db.execute(statement)
-    db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
+    replace_fts(db, TEXT_ONLY)  # (back to a store of the release before)
     db.close()
     with open_store(path) as old:
         assert not old.connection.per_agent

@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import sqlite3
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -75,6 +75,17 @@ def sqlite_store(location: str, *, create: bool = False) -> MemoryStore:
     return MemoryStore(connection, VectorRows(connection), SqliteSearch(connection))
 
 
+def replace_fts(db: sqlite3.Connection, statements: Iterable[str]) -> None:
+    """Replace the full-text index and its triggers with `statements`' and index every node again (the
+    migration of a text-only index, inside the schema's write transaction)."""
+    for suffix in ("ai", "ad", "au"):
+        db.execute(f"DROP TRIGGER IF EXISTS {NODES}_{suffix}")
+    db.execute(f"DROP TABLE {FTS}")
+    for statement in statements:
+        db.execute(statement)
+    db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
+
+
 class SqliteConnection(StoreConnection):
     """One SQLite connection, shared by threads one at a time (its lock); every transaction is `transaction`'s.
     A writer holds the file's write lock (BEGIN IMMEDIATE) for one write call."""
@@ -124,21 +135,12 @@ class SqliteConnection(StoreConnection):
                     db.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
             db.execute(f"CREATE INDEX IF NOT EXISTS {NODES}_covered ON {NODES} (agent_id, covered_by)")
             db.execute(PENDING_INDEX)
-            if not self._fts_has_agent():
-                self._migrate_fts(db)
+            if not self._fts_has_agent():  # (a text-only index: rebuilt with the agent column)
+                replace_fts(db, FTS_SCHEMA)
 
     def _fts_has_agent(self) -> bool:
         """Whether the full-text index holds the agent column (a store written before it has text only)."""
         return "agent" in {row[1] for row in self._db.execute(f"PRAGMA table_info({FTS})")}
-
-    def _migrate_fts(self, db: sqlite3.Connection) -> None:
-        """Rebuild a text-only full-text index with the agent column (in the schema's write transaction)."""
-        for suffix in ("ai", "ad", "au"):
-            db.execute(f"DROP TRIGGER IF EXISTS {NODES}_{suffix}")
-        db.execute(f"DROP TABLE {FTS}")
-        for statement in FTS_SCHEMA:
-            db.execute(statement)
-        db.execute(f"INSERT INTO {FTS} ({FTS}) VALUES ('rebuild')")
 
     def __repr__(self) -> str:
         return f"SqliteConnection({self.location!r})"
